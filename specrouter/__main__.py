@@ -1,0 +1,3 @@
+from specrouter.cli import main
+
+raise SystemExit(main())
