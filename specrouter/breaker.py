@@ -1,0 +1,154 @@
+"""Per-backend circuit breaker and health record: pure state machines, clock passed in.
+
+closed --N failures within window_s--> open --cooldown_s--> half_open (one probe at a time)
+half_open --M successes--> closed;  half_open --any failure--> open (cooldown restarts)
+
+Why a breaker on top of active checks: SGLang's /health runs a generation and takes a
+second or more, so active checks are slow; passive outcomes of real requests (connection
+errors, 5xx) react within a few requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BreakerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    failure_threshold: int = Field(default=5, ge=1, description="N failures in window open it")
+    window_s: float = Field(default=10.0, gt=0)
+    cooldown_s: float = Field(default=5.0, gt=0, description="open this long before a probe")
+    success_threshold: int = Field(default=2, ge=1, description="M probe successes close it")
+    probe_timeout_s: float = Field(
+        default=30.0, gt=0, description="a probe with no outcome this long frees its slot")
+    check_failures_to_down: int = Field(
+        default=2, ge=1, description="consecutive failed active checks that mark it down")
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+def is_failure_status(status_code: int) -> bool:
+    """Upstream answers that count against the backend: 5xx only (4xx is the client's)."""
+    return status_code >= 500
+
+
+@dataclass
+class CircuitBreaker:
+    config: BreakerConfig = field(default_factory=BreakerConfig)
+    _state: BreakerState = BreakerState.CLOSED
+    _failures: deque[float] = field(default_factory=deque)
+    _opened_at: float = 0.0
+    _probe_started: float | None = None
+    _probe_successes: int = 0
+
+    def state(self, now: float) -> BreakerState:
+        if self._state is BreakerState.OPEN and now - self._opened_at >= self.config.cooldown_s:
+            self._state = BreakerState.HALF_OPEN
+            self._probe_started, self._probe_successes = None, 0
+        return self._state
+
+    def available(self, now: float) -> bool:
+        """Could a request go here now (without claiming the half-open probe slot)?"""
+        st = self.state(now)
+        if st is BreakerState.CLOSED:
+            return True
+        if st is BreakerState.OPEN:
+            return False
+        return self._probe_started is None or (
+            now - self._probe_started >= self.config.probe_timeout_s)
+
+    def allow_request(self, now: float) -> bool:
+        """Claim permission to send one request; in half_open this takes the probe slot."""
+        if not self.available(now):
+            return False
+        if self._state is BreakerState.HALF_OPEN:
+            self._probe_started = now
+        return True
+
+    def record_success(self, now: float) -> None:
+        st = self.state(now)
+        if st is BreakerState.HALF_OPEN:
+            self._probe_started = None
+            self._probe_successes += 1
+            if self._probe_successes >= self.config.success_threshold:
+                self._state = BreakerState.CLOSED
+                self._failures.clear()
+
+    def record_failure(self, now: float) -> None:
+        st = self.state(now)
+        if st is BreakerState.HALF_OPEN:
+            self._open(now)
+            return
+        if st is BreakerState.OPEN:
+            return
+        self._failures.append(now)
+        while self._failures and now - self._failures[0] > self.config.window_s:
+            self._failures.popleft()
+        if len(self._failures) >= self.config.failure_threshold:
+            self._open(now)
+
+    def _open(self, now: float) -> None:
+        self._state, self._opened_at = BreakerState.OPEN, now
+        self._probe_started, self._probe_successes = None, 0
+        self._failures.clear()
+
+
+@dataclass
+class HealthRecord:
+    """Active checks plus passive outcomes of one backend.
+
+    Healthy = the last `check_failures_to_down` active checks did not all fail, and the
+    breaker is not open (half_open counts as healthy only while its probe slot is free).
+    Before the first check the backend is presumed up: the breaker catches a dead one.
+    """
+
+    config: BreakerConfig = field(default_factory=BreakerConfig)
+    breaker: CircuitBreaker = field(init=False)
+    check_failures: int = 0
+    last_check_ok: bool | None = None
+    last_check_at: float | None = None
+    last_error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.breaker = CircuitBreaker(self.config)
+
+    def record_check(self, ok: bool, now: float, error: str | None = None) -> None:
+        self.last_check_ok, self.last_check_at = ok, now
+        self.check_failures = 0 if ok else self.check_failures + 1
+        if error is not None or ok:
+            self.last_error = error
+
+    def record_outcome(self, ok: bool, now: float, error: str | None = None) -> None:
+        """A real request ended: ok=False for connection errors and 5xx."""
+        if ok:
+            self.breaker.record_success(now)
+        else:
+            self.breaker.record_failure(now)
+            self.last_error = error
+
+    def checks_ok(self) -> bool:
+        return self.check_failures < self.config.check_failures_to_down
+
+    def healthy(self, now: float) -> bool:
+        return self.checks_ok() and self.breaker.available(now)
+
+    def allow_request(self, now: float) -> bool:
+        """Call when dispatching to this backend (claims the half-open probe)."""
+        return self.checks_ok() and self.breaker.allow_request(now)
+
+    def as_dict(self, now: float) -> dict[str, object]:
+        return {
+            "healthy": self.healthy(now), "breaker": self.breaker.state(now).value,
+            "last_check_ok": self.last_check_ok,
+            "check_age_s": None if self.last_check_at is None else now - self.last_check_at,
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,298 @@
+"""Goodput model of one GPU group: what each pool would deliver at a given load.
+
+Pure arithmetic, no I/O: the caller reads files and passes their text or rows.
+
+One decode step of a batch of B requests costs step(B) ms. The baseline server emits
+one token per request per step; the EAGLE-3 server emits `accept_length` tokens per
+request per step, at the cost of one verify forward over the draft tokens plus the
+draft steps. So at batch B:
+
+    throughput_P(B) = B * tokens_per_step_P / step_P(B)        (tokens per ms)
+    per-request time per output token = step_P(B) / tokens_per_step_P
+
+At a fixed load both criteria rank the pools the same way (throughput = B / TPOT),
+which is why one ratio, acc * step_base(B) / step_eagle(B), decides (docs/policy.md).
+Beyond a server's `max_batch` (SGLang's --max-running-requests) extra requests wait:
+the batch stays at max_batch and per-request time grows with the queue.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from specrouter.loadview import Pool
+
+
+class StepCurve(Protocol):
+    """Milliseconds of one decode (or draft + verify) step at a batch size."""
+
+    def ms(self, batch: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class TableCurve:
+    """Measured (batch, ms) points, linear between them and beyond the ends."""
+
+    points: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ValueError("a step-cost table needs at least one point")
+        if any(b <= 0 or ms <= 0 for b, ms in self.points):
+            raise ValueError("batch sizes and step times must be positive")
+        object.__setattr__(self, "points", tuple(sorted(self.points)))
+
+    def ms(self, batch: float) -> float:
+        pts = self.points
+        if len(pts) == 1 or batch <= pts[0][0]:
+            return pts[0][1]  # a step is never cheaper than the smallest measured batch's
+        if batch >= pts[-1][0]:
+            lo, hi = pts[-2], pts[-1]
+        else:
+            hi_i = next(i for i, (b, _) in enumerate(pts) if b >= batch)
+            lo, hi = pts[hi_i - 1], pts[hi_i]
+        slope = (hi[1] - lo[1]) / (hi[0] - lo[0])
+        return lo[1] + slope * (batch - lo[0])
+
+
+@dataclass(frozen=True)
+class PolyCurve:
+    """step(B) = a + b*B + c*B^2, as fitted from calibration sweeps."""
+
+    a: float
+    b: float
+    c: float = 0.0
+
+    def ms(self, batch: float) -> float:
+        return max(1e-6, self.a + self.b * batch + self.c * batch * batch)
+
+
+@dataclass(frozen=True)
+class PoolPrediction:
+    pool: Pool
+    load: float
+    batch: float
+    step_ms: float
+    throughput_tok_s: float
+    tpot_ms: float  # per-request time per output token, queueing included
+
+    def as_dict(self) -> dict[str, float | str]:
+        return {
+            "pool": self.pool, "load": self.load, "batch": round(self.batch, 3),
+            "step_ms": round(self.step_ms, 4),
+            "throughput_tok_s": round(self.throughput_tok_s, 2),
+            "tpot_ms": round(self.tpot_ms, 4),
+        }
+
+
+@dataclass(frozen=True)
+class GroupCostModel:
+    """Cost model of one GPU group (one EAGLE-3 server and one baseline server).
+
+    `nominal_accept_length` is the accept length the EAGLE curve was measured at (or a
+    sensible default); it is used only while no live accept length is known.
+    """
+
+    baseline: StepCurve
+    eagle: StepCurve
+    nominal_accept_length: float = 2.0
+    baseline_max_batch: int | None = None
+    eagle_max_batch: int | None = None
+
+    def predict(self, pool: Pool, load: float, accept_length: float) -> PoolPrediction:
+        if accept_length <= 0:
+            raise ValueError("accept_length must be positive")
+        load = max(1.0, float(load))
+        curve, cap, per_step = (
+            (self.eagle, self.eagle_max_batch, accept_length)
+            if pool == "eagle"
+            else (self.baseline, self.baseline_max_batch, 1.0)
+        )
+        batch = min(load, float(cap)) if cap else load
+        step = curve.ms(batch)
+        throughput = 1000.0 * batch * per_step / step
+        return PoolPrediction(pool, load, batch, step, throughput, 1000.0 * load / throughput)
+
+    def predictions(self, load: float, accept_length: float) -> dict[Pool, PoolPrediction]:
+        """Both pools at `load`; what /policy shows."""
+        return {p: self.predict(p, load, accept_length) for p in ("eagle", "baseline")}
+
+    def ratio(self, load: float, accept_length: float) -> float:
+        """EAGLE / baseline throughput at `load` (>1: EAGLE serves the group better)."""
+        pred = self.predictions(load, accept_length)
+        return pred["eagle"].throughput_tok_s / pred["baseline"].throughput_tok_s
+
+    def crossover(self, accept_length: float, max_load: int = 1024) -> float | None:
+        """The load where the baseline overtakes EAGLE-3, or None within `max_load`.
+
+        0.0 means the baseline is ahead already at load 1 (EAGLE never pays).
+        Interpolated linearly in the ratio between the bracketing integer loads.
+        """
+        prev_load, prev = 1, self.ratio(1, accept_length)
+        if prev <= 1.0:
+            return 0.0
+        for load in range(2, max_load + 1):
+            cur = self.ratio(load, accept_length)
+            if cur <= 1.0:
+                return prev_load + (prev - 1.0) / (prev - cur) * (load - prev_load)
+            prev_load, prev = load, cur
+        return None
+
+
+# --- loading: step-cost tables (shared/calibration jsonl) -------------------------------
+
+
+@dataclass(frozen=True)
+class DraftConfig:
+    """EAGLE draft shape: SGLang's --speculative-num-steps / -eagle-topk / -num-draft-tokens."""
+
+    steps: int = 3
+    topk: int = 1
+    num_draft_tokens: int = 4
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.topk < 1 or self.num_draft_tokens < 1:
+            raise ValueError("draft steps, topk and num_draft_tokens must be >= 1")
+
+
+def parse_step_table(text: str) -> list[dict[str, Any]]:
+    """Rows of a step-cost jsonl (one JSON object a line, blank lines ignored)."""
+    rows: list[dict[str, Any]] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"step table line {lineno}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or "batch" not in row or "target_q1_ms" not in row:
+            raise ValueError(f"step table line {lineno}: needs 'batch' and 'target_q1_ms'")
+        rows.append(row)
+    if not rows:
+        raise ValueError("step table is empty")
+    return rows
+
+
+def model_from_step_table(
+    rows: Iterable[Mapping[str, Any]],
+    draft: DraftConfig,
+    *,
+    ctx: int | None = None,
+    nominal_accept_length: float = 2.0,
+    baseline_max_batch: int | None = None,
+    eagle_max_batch: int | None = 48,
+) -> GroupCostModel:
+    """Build a model from measured step costs.
+
+    EAGLE step = verify(B, num_draft_tokens) + steps * draft_step(B), as in
+    shared/calibration/crossover.py. `ctx` selects one context length when the table
+    holds several (required then). The measured draft step used topk 4; topk is kept
+    for the record, the table has no topk axis.
+    """
+    rows = list(rows)
+    ctxs = sorted({int(r.get("ctx", 0)) for r in rows})
+    if ctx is None:
+        if len(ctxs) > 1:
+            raise ValueError(f"table has several context lengths {ctxs}: pass ctx")
+    else:
+        rows = [r for r in rows if int(r.get("ctx", 0)) == ctx]
+        if not rows:
+            raise ValueError(f"no rows with ctx={ctx}; table has {ctxs}")
+    verify_key = f"target_q{draft.num_draft_tokens}_ms"
+    missing = [r["batch"] for r in rows if verify_key not in r or "draft_step_ms" not in r]
+    if missing:
+        have = sorted(k for k in rows[0] if k.startswith("target_q"))
+        raise ValueError(f"rows for batch {missing} lack {verify_key}/draft_step_ms (have {have})")
+    base = TableCurve(tuple((float(r["batch"]), float(r["target_q1_ms"])) for r in rows))
+    eagle = TableCurve(tuple(
+        (float(r["batch"]), float(r[verify_key]) + draft.steps * float(r["draft_step_ms"]))
+        for r in rows
+    ))
+    return GroupCostModel(base, eagle, nominal_accept_length, baseline_max_batch, eagle_max_batch)
+
+
+# --- fitting: calibration sweeps ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One closed-loop level of a calibration sweep against one pool.
+
+    `output_tok_s` is the pool's total output throughput at `concurrency` requests.
+    """
+
+    concurrency: int
+    output_tok_s: float
+
+
+def step_ms_from_sweep(point: SweepPoint, tokens_per_step_per_req: float) -> float:
+    """Invert throughput into step time: with B decoding, step = B * tokens/step / T."""
+    if point.concurrency < 1 or point.output_tok_s <= 0:
+        raise ValueError("sweep points need concurrency >= 1 and positive throughput")
+    return 1000.0 * point.concurrency * tokens_per_step_per_req / point.output_tok_s
+
+
+def fit_curve(points: Sequence[tuple[float, float]], quadratic: bool = False) -> PolyCurve:
+    """Least squares of step(B) = a + b*B (+ c*B^2) over (batch, ms) points."""
+    degree = 2 if quadratic else 1
+    if len({b for b, _ in points}) < degree + 1:
+        raise ValueError(f"need at least {degree + 1} distinct batch sizes to fit degree {degree}")
+    n = degree + 1
+    # Normal equations: (X^T X) w = X^T y, solved by Gaussian elimination (n <= 3).
+    xtx = [[sum(b ** (i + j) for b, _ in points) for j in range(n)] for i in range(n)]
+    xty = [sum(ms * b**i for b, ms in points) for i in range(n)]
+    w = _solve(xtx, xty)
+    return PolyCurve(w[0], w[1], w[2] if quadratic else 0.0)
+
+
+def _solve(a: list[list[float]], y: list[float]) -> list[float]:
+    n = len(y)
+    m = [[*row, y[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-12:
+            raise ValueError("sweep points are degenerate: cannot fit")
+        m[col], m[piv] = m[piv], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * p for x, p in zip(m[r], m[col], strict=True)]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def fit_group_model(
+    baseline: Sequence[SweepPoint],
+    eagle: Sequence[SweepPoint],
+    eagle_accept_length: float,
+    *,
+    quadratic: bool = False,
+    baseline_max_batch: int | None = None,
+    eagle_max_batch: int | None = None,
+) -> GroupCostModel:
+    """Model from `specrouter calibrate` sweeps of each pool alone.
+
+    Assumes closed-loop concurrency C keeps about C requests in the decode batch (true
+    once prefill is a small share of each request), and that the EAGLE sweep ran at
+    `eagle_accept_length` (the accept length the server reported during the sweep).
+    """
+    if eagle_accept_length <= 0:
+        raise ValueError("eagle_accept_length must be positive")
+    base_pts = [(float(p.concurrency), step_ms_from_sweep(p, 1.0)) for p in baseline]
+    eagle_pts = [(float(p.concurrency), step_ms_from_sweep(p, eagle_accept_length)) for p in eagle]
+    return GroupCostModel(
+        fit_curve(base_pts, quadratic), fit_curve(eagle_pts, quadratic),
+        eagle_accept_length, baseline_max_batch, eagle_max_batch,
+    )
+
+
+# --- live accept length ------------------------------------------------------------------
+
+
+def ewma(previous: float | None, sample: float, alpha: float) -> float:
+    """Exponentially weighted mean; the first sample is taken as is."""
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError("alpha must be in (0, 1]")
+    return sample if previous is None else previous + alpha * (sample - previous)

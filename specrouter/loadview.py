@@ -1,0 +1,233 @@
+"""Per-backend and per-group load, from the router's own counts and engine telemetry.
+
+Pure data and arithmetic, no I/O and no clock: every read takes `now` (monotonic
+seconds) so tests and the request path decide what time it is.
+
+Two sources, each wrong in its own way:
+- the router's in-flight count is exact and instant, but blind to work that other
+  clients (or other router replicas not summed in) sent to the engine;
+- the engine's running + waiting count sees everything, but lags: it arrives once
+  per poll, and SGLang itself refreshes it only every N decode steps.
+
+The credit rule joins them without double counting (see `BackendLoad.engine_load`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Pool = Literal["eagle", "baseline"]
+LoadSignal = Literal["inflight", "engine", "max"]
+POOLS: tuple[Pool, Pool] = ("eagle", "baseline")
+
+#: Telemetry older than this many poll intervals is ignored (issue 4).
+STALE_AFTER_INTERVALS = 3.0
+#: The accept length moves with the workload over seconds, not milliseconds, and may
+#: come from a slower side channel (/server_info): a reading stays usable this long.
+ACCEPT_MAX_AGE_S = 30.0
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    """One telemetry reading of one SGLang server.
+
+    `received_at` is the router's monotonic clock when the answer arrived: staleness is
+    judged on our clock, never on the engine's wall clock (hosts drift).
+    """
+
+    running: int
+    waiting: int
+    received_at: float
+    accept_length: float | None = None
+    source: str = ""
+    max_running: int | None = None
+    engine_timestamp: str | None = None
+
+    @property
+    def total(self) -> int:
+        return self.running + self.waiting
+
+
+@dataclass(frozen=True)
+class BackendView:
+    """Immutable snapshot of one backend, handed to the pure policy."""
+
+    name: str
+    pool: Pool
+    healthy: bool
+    inflight: int
+    engine: float | None  # credited engine load; None when telemetry is missing or stale
+    telemetry_age: float | None
+    stale: bool
+    accept_length: float | None
+    accept_seen_at: float | None  # received_at of the sample that carried accept_length
+
+    def load(self, signal: LoadSignal) -> float:
+        """The load under `signal`; without fresh telemetry every signal is in-flight."""
+        if signal == "inflight" or self.engine is None:
+            return float(self.inflight)
+        if signal == "engine":
+            return self.engine
+        return max(float(self.inflight), self.engine)
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """Immutable snapshot of one GPU group: the unit the policy decides for."""
+
+    name: str
+    backends: tuple[BackendView, ...]
+
+    def servers(self, pool: Pool) -> tuple[BackendView, ...]:
+        return tuple(b for b in self.backends if b.pool == pool)
+
+    def healthy_servers(self, pool: Pool) -> tuple[BackendView, ...]:
+        return tuple(b for b in self.servers(pool) if b.healthy)
+
+    def pool_healthy(self, pool: Pool) -> bool:
+        return bool(self.healthy_servers(pool))
+
+    @property
+    def any_healthy(self) -> bool:
+        return any(b.healthy for b in self.backends)
+
+    def load(self, signal: LoadSignal) -> float:
+        """Sum over all the group's servers: they share one GPU, healthy or not."""
+        return sum(b.load(signal) for b in self.backends)
+
+    def pool_load(self, pool: Pool, signal: LoadSignal) -> float:
+        return sum(b.load(signal) for b in self.servers(pool))
+
+    def eagle_accept(self) -> tuple[float | None, float | None]:
+        """(accept length, when it was received) of the freshest EAGLE server reading."""
+        best: tuple[float | None, float | None] = (None, None)
+        for b in self.servers("eagle"):
+            if b.accept_length is None or b.accept_seen_at is None:
+                continue
+            if best[1] is None or b.accept_seen_at > best[1]:
+                best = (b.accept_length, b.accept_seen_at)
+        return best
+
+
+@dataclass
+class BackendLoad:
+    """Mutable counters of one backend; owned by `LoadView`."""
+
+    name: str
+    group: str
+    pool: Pool
+    inflight: int = 0
+    sample: EngineSample | None = None
+    inflight_at_sample: int = 0
+    accept_length: float | None = None
+    accept_seen_at: float | None = None
+    stale_reads: int = 0
+
+    def engine_load(self, now: float, interval: float) -> float | None:
+        """Credited engine load, or None when there is no fresh sample.
+
+        Rule: telemetry + (in-flight now - in-flight when the sample arrived), floored
+        at 0. A request dispatched before the sample is counted in both the sample and
+        `inflight_at_sample`, so the difference excludes it; one dispatched after is
+        in neither the sample nor the snapshot, so the difference adds it; one finished
+        after the sample is subtracted. Other clients' work stays in via the sample.
+        """
+        if self.sample is None or self.is_stale(now, interval):
+            return None
+        return max(0.0, float(self.sample.total + self.inflight - self.inflight_at_sample))
+
+    def age(self, now: float) -> float | None:
+        return None if self.sample is None else max(0.0, now - self.sample.received_at)
+
+    def is_stale(self, now: float, interval: float) -> bool:
+        age = self.age(now)
+        return age is None or age > STALE_AFTER_INTERVALS * interval
+
+
+@dataclass
+class LoadView:
+    """Loads of every backend, grouped by GPU group.
+
+    The request path calls `acquire`/`release` around each upstream request and
+    `snapshot`/`group_view` to decide; the telemetry poller calls `publish`.
+    Not thread-safe: use it from one event loop.
+    """
+
+    poll_interval: float = 0.1
+    backends: dict[str, BackendLoad] = field(default_factory=dict)
+
+    def add_backend(self, name: str, group: str, pool: Pool) -> None:
+        if name in self.backends:
+            raise ValueError(f"backend {name!r} is already registered")
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        self.backends[name] = BackendLoad(name=name, group=group, pool=pool)
+
+    def _get(self, name: str) -> BackendLoad:
+        try:
+            return self.backends[name]
+        except KeyError:
+            raise KeyError(f"unknown backend {name!r}") from None
+
+    def acquire(self, name: str) -> None:
+        """A request was admitted to backend `name` (call before sending it)."""
+        self._get(name).inflight += 1
+
+    def release(self, name: str) -> None:
+        """A request to `name` ended (success, error or client disconnect)."""
+        b = self._get(name)
+        if b.inflight <= 0:
+            raise RuntimeError(f"release without acquire on backend {name!r}")
+        b.inflight -= 1
+
+    def publish(self, name: str, sample: EngineSample) -> None:
+        """Record a telemetry sample; remembers in-flight at this moment for the credit rule."""
+        b = self._get(name)
+        if b.sample is not None and sample.received_at < b.sample.received_at:
+            return  # an answer overtaken by a newer one
+        b.sample = sample
+        b.inflight_at_sample = b.inflight
+        if sample.accept_length is not None:
+            b.accept_length = sample.accept_length
+            b.accept_seen_at = sample.received_at
+
+    def publish_accept_length(self, name: str, accept_length: float, received_at: float) -> None:
+        """Accept length from a side channel (/server_info) when the load source lacks it."""
+        b = self._get(name)
+        b.accept_length = accept_length
+        b.accept_seen_at = received_at
+
+    def backend_view(self, name: str, now: float, healthy: bool = True) -> BackendView:
+        b = self._get(name)
+        stale = b.is_stale(now, self.poll_interval)
+        if stale and b.sample is not None:
+            b.stale_reads += 1  # a read that fell back to in-flight: exported as a metric
+        accept_fresh = b.accept_seen_at is not None and now - b.accept_seen_at <= ACCEPT_MAX_AGE_S
+        return BackendView(
+            name=b.name, pool=b.pool, healthy=healthy, inflight=b.inflight,
+            engine=b.engine_load(now, self.poll_interval), telemetry_age=b.age(now),
+            stale=stale, accept_length=b.accept_length if accept_fresh else None,
+            accept_seen_at=b.accept_seen_at if accept_fresh else None,
+        )
+
+    def group_names(self) -> list[str]:
+        return sorted({b.group for b in self.backends.values()})
+
+    def group_view(
+        self, group: str, now: float, healthy: Callable[[str], bool] = lambda _n: True
+    ) -> GroupView:
+        names = sorted(n for n, b in self.backends.items() if b.group == group)
+        if not names:
+            raise KeyError(f"unknown group {group!r}")
+        return GroupView(group, tuple(self.backend_view(n, now, healthy(n)) for n in names))
+
+    def snapshot(
+        self, now: float, healthy: Callable[[str], bool] = lambda _n: True
+    ) -> tuple[GroupView, ...]:
+        return tuple(self.group_view(g, now, healthy) for g in self.group_names())
+
+    def stale_reads(self) -> Mapping[str, int]:
+        return {n: b.stale_reads for n, b in self.backends.items()}
+

@@ -1,0 +1,265 @@
+"""Routing policy as data, and the pure decisions it drives.
+
+Two levels per request: `choose_group` picks the GPU group, `decide` picks the pool
+(EAGLE-3 or baseline) inside it. Both are pure: they read immutable views
+(`specrouter.loadview.GroupView`), take the clock and randomness as arguments, and
+return new state instead of mutating any. Only new requests are decided; in-flight
+requests never move.
+
+Reasons are short stable strings, used as metric labels and in a response header.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from specrouter.costmodel import GroupCostModel, PoolPrediction, ewma
+from specrouter.loadview import GroupView, LoadSignal, Pool
+
+Mode = Literal["auto", "eagle", "baseline"]
+Strategy = Literal["threshold", "overflow", "goodput"]
+
+POOL_HEADER = "x-specrouter-pool"
+
+#: Every reason `decide` can give, for metric label pre-registration and docs.
+REASONS: tuple[str, ...] = (
+    "client_override", "forced_mode", "eagle_unhealthy", "baseline_unhealthy",
+    "below_switch_down", "above_switch_up", "hysteresis_hold_eagle",
+    "hysteresis_hold_baseline", "below_eagle_cap", "eagle_cap_reached",
+    "goodput_eagle", "goodput_baseline", "goodput_hold_eagle", "goodput_hold_baseline",
+    "goodput_dwell_eagle", "goodput_dwell_baseline", "goodput_no_model",
+)
+
+
+class Policy(BaseModel):
+    """The routing policy. Server-managed: `version` and `updated_at` (see `apply_put`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(default=1, ge=1)
+    updated_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    mode: Mode = "auto"
+    strategy: Strategy = "threshold"
+    load_signal: LoadSignal = "max"
+    allow_client_override: bool = False
+    # threshold: to baseline when group load >= switch_up, back when <= switch_down
+    switch_up: float = Field(default=16.0, gt=0)
+    switch_down: float = Field(default=8.0, ge=0)
+    # overflow: EAGLE takes new requests up to eagle_cap in flight per healthy EAGLE server
+    eagle_cap: int = Field(default=8, ge=1)
+    # goodput: switch only when the other pool is predicted better by this fraction...
+    goodput_margin: float = Field(default=0.05, ge=0, lt=1)
+    # ...and not within min_dwell_s of the last switch of that group
+    goodput_min_dwell_s: float = Field(default=1.0, ge=0)
+    # EWMA weight of each new accept-length reading (1 = no smoothing)
+    accept_smoothing: float = Field(default=0.3, gt=0, le=1)
+
+    @field_validator("switch_down")
+    @classmethod
+    def _down_below_up(cls, v: float, info: ValidationInfo) -> float:
+        up = info.data.get("switch_up")
+        if up is not None and v >= up:
+            raise ValueError(f"switch_down ({v:g}) must be less than switch_up ({up:g})")
+        return v
+
+    def public(self) -> dict[str, Any]:
+        """JSON-ready form for GET /policy."""
+        return self.model_dump(mode="json")
+
+
+_SERVER_FIELDS = ("version", "updated_at")
+
+
+def apply_put(current: Policy, body: Mapping[str, Any], now: datetime | None = None) -> Policy:
+    """PUT: replace the policy. Raises pydantic.ValidationError (-> 422 with .errors()).
+
+    `version` and `updated_at` in the body are ignored: the server numbers changes.
+    """
+    fields = {k: v for k, v in body.items() if k not in _SERVER_FIELDS}
+    return Policy.model_validate(
+        {**fields, "version": current.version + 1, "updated_at": now or datetime.now(UTC)}
+    )
+
+
+def apply_patch(current: Policy, body: Mapping[str, Any], now: datetime | None = None) -> Policy:
+    """PATCH: merge `body` into the current policy, validated as a whole."""
+    merged = {**current.model_dump(exclude=set(_SERVER_FIELDS)), **body}
+    return apply_put(current, merged, now)
+
+
+# --- per-request inputs and outputs ------------------------------------------------------
+
+
+class HeaderError(ValueError):
+    """A bad x-specrouter-pool value: the router answers 400."""
+
+
+def parse_pool_header(value: str | None) -> Pool | None:
+    if value is None or not value.strip():
+        return None
+    v = value.strip().lower()
+    if v == "eagle":
+        return "eagle"
+    if v == "baseline":
+        return "baseline"
+    raise HeaderError(f"{POOL_HEADER} must be 'eagle' or 'baseline', got {value!r}")
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What the request itself says; `requested_pool` from `parse_pool_header`."""
+
+    requested_pool: Pool | None = None
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """Hysteresis memory of one group; small and immutable so it can be stored anywhere.
+
+    `since` is when `pool` was last switched to (monotonic s); the accept fields hold
+    the smoothed EAGLE accept length and the reading time it already includes.
+    """
+
+    pool: Pool = "eagle"
+    since: float = float("-inf")
+    accept_ewma: float | None = None
+    accept_seen_at: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "since": self.since, "accept_ewma": self.accept_ewma,
+                "accept_seen_at": self.accept_seen_at}
+
+
+@dataclass(frozen=True)
+class Decision:
+    pool: Pool
+    reason: str
+    state: GroupState
+    load: float
+    predictions: Mapping[Pool, PoolPrediction] | None = None
+
+
+class NoHealthyPool(RuntimeError):
+    """The group has no healthy server; `choose_group` never picks such a group."""
+
+
+def decide(
+    policy: Policy,
+    group: GroupView,
+    state: GroupState,
+    hints: Hints,
+    now: float,
+    cost_model: GroupCostModel | None = None,
+) -> Decision:
+    """The pool for one new request in `group`. Store `Decision.state` for the next one."""
+    state = _smooth_accept(policy, group, state)
+    load = group.load(policy.load_signal)
+    eagle_ok, base_ok = group.pool_healthy("eagle"), group.pool_healthy("baseline")
+    if not (eagle_ok or base_ok):
+        raise NoHealthyPool(f"group {group.name!r} has no healthy server")
+
+    def fixed(pool: Pool, reason: str) -> Decision:
+        return Decision(pool, reason, state, load)
+
+    want = hints.requested_pool if policy.allow_client_override else None
+    if want is not None and group.pool_healthy(want):
+        return fixed(want, "client_override")
+    if not eagle_ok:
+        return fixed("baseline", "eagle_unhealthy")
+    if not base_ok:
+        return fixed("eagle", "baseline_unhealthy")
+    if policy.mode != "auto":
+        return fixed(policy.mode, "forced_mode")
+    if policy.strategy == "overflow":
+        return _overflow(policy, group, state, load)
+    if policy.strategy == "goodput":
+        if cost_model is not None:
+            return _goodput(policy, state, load, now, cost_model)
+        d = _threshold(policy, state, load, now)
+        return replace(d, reason="goodput_no_model")
+    return _threshold(policy, state, load, now)
+
+
+def _switched(state: GroupState, pool: Pool, now: float) -> GroupState:
+    return state if state.pool == pool else replace(state, pool=pool, since=now)
+
+
+def _threshold(policy: Policy, state: GroupState, load: float, now: float) -> Decision:
+    if load >= policy.switch_up:
+        pool: Pool = "baseline"
+        reason = "above_switch_up"
+    elif load <= policy.switch_down:
+        pool, reason = "eagle", "below_switch_down"
+    else:  # inside the band: keep whatever the group is on
+        pool, reason = state.pool, f"hysteresis_hold_{state.pool}"
+    return Decision(pool, reason, _switched(state, pool, now), load)
+
+
+def _overflow(policy: Policy, group: GroupView, state: GroupState, load: float) -> Decision:
+    eagle_load = sum(b.load(policy.load_signal) for b in group.healthy_servers("eagle"))
+    cap = policy.eagle_cap * len(group.healthy_servers("eagle"))
+    if eagle_load < cap:
+        return Decision("eagle", "below_eagle_cap", replace(state, pool="eagle"), load)
+    return Decision("baseline", "eagle_cap_reached", replace(state, pool="baseline"), load)
+
+
+def _smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupState:
+    accept, seen_at = group.eagle_accept()
+    if accept is None or seen_at is None or accept <= 0:
+        return state
+    if state.accept_seen_at is not None and seen_at <= state.accept_seen_at:
+        return state  # this reading is already in the average
+    return replace(state, accept_ewma=ewma(state.accept_ewma, accept, policy.accept_smoothing),
+                   accept_seen_at=seen_at)
+
+
+def _goodput(
+    policy: Policy, state: GroupState, load: float, now: float, model: GroupCostModel
+) -> Decision:
+    """Send new work to the pool predicted to serve the whole group better at its load.
+
+    The new request joins the group, so the comparison is at load + 1. Switching needs
+    the other pool ahead by `goodput_margin` and `goodput_min_dwell_s` since the last
+    switch: without both, a load hovering at the crossover would flip every request.
+    """
+    accept = state.accept_ewma if state.accept_ewma is not None else model.nominal_accept_length
+    preds = model.predictions(load + 1, accept)
+    e, b = preds["eagle"].throughput_tok_s, preds["baseline"].throughput_tok_s
+    best: Pool = "eagle" if e >= b else "baseline"
+    current = state.pool
+    other_ahead = (b > e * (1 + policy.goodput_margin)) if current == "eagle" else (
+        e > b * (1 + policy.goodput_margin))
+    if best == current:
+        return Decision(current, f"goodput_{current}", state, load, preds)
+    if not other_ahead:
+        return Decision(current, f"goodput_hold_{current}", state, load, preds)
+    if now - state.since < policy.goodput_min_dwell_s:
+        return Decision(current, f"goodput_dwell_{current}", state, load, preds)
+    return Decision(best, f"goodput_{best}", _switched(state, best, now), load, preds)
+
+
+# --- group choice --------------------------------------------------------------------------
+
+
+def choose_group(
+    groups: Sequence[GroupView], signal: LoadSignal, rng: random.Random
+) -> GroupView | None:
+    """Least-loaded group with a healthy server; None when there is none.
+
+    Up to two candidates: compare all (random among ties). More: power of two choices
+    (two distinct random candidates, the less loaded wins, random on a tie), which
+    avoids every router replica herding onto the same momentarily-emptiest group.
+    """
+    live = [g for g in groups if g.any_healthy]
+    if not live:
+        return None
+    if len(live) > 2:
+        live = rng.sample(live, 2)
+    least = min(g.load(signal) for g in live)
+    return rng.choice([g for g in live if g.load(signal) == least])
