@@ -1,0 +1,290 @@
+"""Engine telemetry: parsers of SGLang's load endpoints, and a background poller.
+
+Shapes read from SGLang sources (see docs/policy.md for the files):
+- GET /v1/loads (0.5.10+): {"timestamp","version","dp_rank_count","loads":[{"dp_rank",
+  "num_running_reqs","num_waiting_reqs",...,"speculative":{"accept_length","accept_rate"}}],
+  "aggregate":{"total_running_reqs","total_waiting_reqs",...}} (aggregate: 0.5.10 only)
+- GET /get_load (up to 0.5.10): [{"dp_rank","num_reqs","num_waiting_reqs","num_tokens"}]
+  where num_reqs = running + waiting (scheduler.get_load)
+- GET /metrics (--enable-metrics): gauges sglang:num_running_reqs, sglang:num_queue_reqs,
+  sglang:spec_accept_length, one series per tp/pp/dp rank label set
+- GET /server_info: internal_states[].avg_spec_accept_length
+
+The parsers are pure; only `TelemetryPoller` does I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from specrouter.loadview import EngineSample
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("v1_loads", "get_load", "metrics")
+PATHS = {
+    "v1_loads": "/v1/loads?include=core,spec",
+    "get_load": "/get_load",
+    "metrics": "/metrics",
+}
+
+
+class TelemetryParseError(ValueError):
+    """The payload does not have the shape SGLang sends."""
+
+
+def _int(d: dict[str, Any], key: str, where: str) -> int:
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise TelemetryParseError(f"{where}: {key!r} missing or not a number")
+    return int(v)
+
+
+def _accept_mean(values: list[float]) -> float | None:
+    vals = [v for v in values if v > 0]
+    return sum(vals) / len(vals) if vals else None
+
+
+def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
+    """Sum over DP ranks; accept length averaged over ranks that report one."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("loads"), list):
+        raise TelemetryParseError("/v1/loads: expected an object with a 'loads' list")
+    running = waiting = 0
+    max_running: int | None = None
+    accepts: list[float] = []
+    for i, load in enumerate(payload["loads"]):
+        if not isinstance(load, dict):
+            raise TelemetryParseError(f"/v1/loads: loads[{i}] is not an object")
+        running += _int(load, "num_running_reqs", f"/v1/loads loads[{i}]")
+        waiting += _int(load, "num_waiting_reqs", f"/v1/loads loads[{i}]")
+        if isinstance(load.get("max_running_requests"), int):
+            max_running = (max_running or 0) + load["max_running_requests"]
+        spec = load.get("speculative")
+        if isinstance(spec, dict) and isinstance(spec.get("accept_length"), int | float):
+            accepts.append(float(spec["accept_length"]))
+    ts = payload.get("timestamp")
+    return EngineSample(running, waiting, received_at, _accept_mean(accepts), "v1_loads",
+                        max_running, ts if isinstance(ts, str) else None)
+
+
+def parse_get_load(payload: Any, received_at: float) -> EngineSample:
+    if not isinstance(payload, list):
+        raise TelemetryParseError("/get_load: expected a list of per-rank objects")
+    running = waiting = 0
+    for i, load in enumerate(payload):
+        if not isinstance(load, dict):
+            raise TelemetryParseError(f"/get_load: item {i} is not an object")
+        total = _int(load, "num_reqs", f"/get_load[{i}]")
+        queued = _int(load, "num_waiting_reqs", f"/get_load[{i}]")
+        running += max(0, total - queued)
+        waiting += queued
+    return EngineSample(running, waiting, received_at, None, "get_load")
+
+
+def parse_metrics(text: str, received_at: float) -> EngineSample:
+    """Prometheus text; gauges summed over rank series, accept length averaged."""
+    sums: dict[str, float] = {}
+    accepts: list[float] = []
+    found: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
+                    sums[s.name] = sums.get(s.name, 0.0) + s.value
+                    found.add(s.name)
+                elif s.name == "sglang:spec_accept_length":
+                    accepts.append(s.value)
+    except ValueError as exc:
+        raise TelemetryParseError(f"/metrics: not Prometheus text ({exc})") from None
+    if "sglang:num_running_reqs" not in found:
+        raise TelemetryParseError("/metrics: no sglang:num_running_reqs gauge")
+    return EngineSample(int(sums["sglang:num_running_reqs"]),
+                        int(sums.get("sglang:num_queue_reqs", 0.0)), received_at,
+                        _accept_mean(accepts), "metrics")
+
+
+def parse_server_info_accept(payload: Any) -> float | None:
+    """EAGLE accept length from /server_info internal_states (mean over DP ranks)."""
+    if not isinstance(payload, dict):
+        raise TelemetryParseError("/server_info: expected an object")
+    states = payload.get("internal_states")
+    if not isinstance(states, list):
+        return None
+    vals = [float(s["avg_spec_accept_length"]) for s in states
+            if isinstance(s, dict) and isinstance(s.get("avg_spec_accept_length"), int | float)]
+    return _accept_mean(vals)
+
+
+def parse_source(source: str, response_text: str, received_at: float) -> EngineSample:
+    """Dispatch by source name (one of SOURCES)."""
+    if source == "metrics":
+        return parse_metrics(response_text, received_at)
+    try:
+        payload = json.loads(response_text)
+    except json.JSONDecodeError:
+        raise TelemetryParseError(f"{source}: body is not JSON") from None
+    if source == "v1_loads":
+        return parse_v1_loads(payload, received_at)
+    if source == "get_load":
+        return parse_get_load(payload, received_at)
+    raise ValueError(f"unknown telemetry source {source!r}")
+
+
+# --- poller -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TelemetryTarget:
+    """One SGLang server to poll; `speculative` asks for its accept length too."""
+
+    name: str
+    base_url: str
+    api_key: str | None = None
+    speculative: bool = False
+
+    def __repr__(self) -> str:  # never print the key
+        return f"TelemetryTarget({self.name!r}, {self.base_url!r}, speculative={self.speculative})"
+
+
+@dataclass
+class _TargetState:
+    source: str | None = None
+    errors: int = 0
+    polls: int = 0
+    last_error: str | None = None
+
+
+@dataclass
+class TelemetryPoller:
+    """Polls every target each `interval` seconds and hands samples to `publish`.
+
+    For each target it tries /v1/loads, /get_load, /metrics in order and sticks to the
+    first that answers with a parsable body; on a later failure it searches again.
+    A speculative target whose source lacks the accept length gets /server_info read
+    every `accept_every` polls (it is a heavier call). A failed poll publishes nothing:
+    the load view then ages the last sample out (staleness) instead of trusting zeros.
+
+    `publish(name, sample)` and `publish_accept(name, accept, received_at)` are usually
+    `LoadView.publish` and `LoadView.publish_accept_length`.
+    """
+
+    targets: Sequence[TelemetryTarget]
+    publish: Callable[[str, EngineSample], None]
+    publish_accept: Callable[[str, float, float], None] | None = None
+    interval: float = 0.1
+    timeout: float = 2.0
+    accept_every: int = 10
+    client: httpx.AsyncClient | None = None
+    clock: Callable[[], float] = time.monotonic
+    _states: dict[str, _TargetState] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+    _own_client: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interval <= 0:
+            raise ValueError("interval must be positive")
+        self._states = {t.name: _TargetState() for t in self.targets}
+
+    def source_of(self, name: str) -> str | None:
+        """The endpoint that worked last for `name` (None before the first success)."""
+        return self._states[name].source
+
+    def stats(self) -> dict[str, dict[str, object]]:
+        return {n: {"source": s.source, "polls": s.polls, "errors": s.errors,
+                    "last_error": s.last_error} for n, s in self._states.items()}
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        if self.client is None:
+            self.client, self._own_client = httpx.AsyncClient(timeout=self.timeout), True
+        self._task = asyncio.create_task(self._run(), name="specrouter-telemetry")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._own_client and self.client is not None:
+            await self.client.aclose()
+            self.client, self._own_client = None, False
+
+    async def __aenter__(self) -> TelemetryPoller:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        while True:
+            started = self.clock()
+            await asyncio.gather(*(self.poll_once(t) for t in self.targets))
+            await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
+
+    async def poll_once(self, target: TelemetryTarget) -> EngineSample | None:
+        """One poll of one target; never raises for network or payload trouble."""
+        st = self._states[target.name]
+        st.polls += 1
+        order = [st.source] if st.source else []
+        order += [s for s in SOURCES if s not in order]
+        for source in order:
+            sample = await self._try(target, source, st)
+            if sample is not None:
+                st.source = source
+                self.publish(target.name, sample)
+                if target.speculative and sample.accept_length is None:
+                    await self._maybe_server_info(target, st)
+                return sample
+        st.source, st.errors = None, st.errors + 1
+        return None
+
+    def _headers(self, target: TelemetryTarget) -> dict[str, str]:
+        return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+
+    async def _get(self, target: TelemetryTarget, path: str) -> httpx.Response:
+        assert self.client is not None, "call start() or pass a client"
+        return await self.client.get(target.base_url.rstrip("/") + path,
+                                     headers=self._headers(target), timeout=self.timeout)
+
+    async def _try(self, target: TelemetryTarget, source: str,
+                   st: _TargetState) -> EngineSample | None:
+        try:
+            resp = await self._get(target, PATHS[source])
+        except httpx.HTTPError as exc:
+            st.last_error = f"{source}: {type(exc).__name__}"
+            return None
+        if resp.status_code != 200:
+            st.last_error = f"{source}: HTTP {resp.status_code}"
+            return None
+        try:
+            return parse_source(source, resp.text, self.clock())
+        except TelemetryParseError as exc:
+            st.last_error = str(exc)
+            return None
+
+    async def _maybe_server_info(self, target: TelemetryTarget, st: _TargetState) -> None:
+        if self.publish_accept is None or (st.polls - 1) % self.accept_every:
+            return
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                resp = await self._get(target, path)
+                if resp.status_code != 200:
+                    continue
+                accept = parse_server_info_accept(resp.json())
+            except (httpx.HTTPError, ValueError):
+                continue
+            if accept is not None:
+                self.publish_accept(target.name, accept, self.clock())
+            return
