@@ -1,0 +1,167 @@
+"""The pure pool decision and group choice."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from pydantic import ValidationError
+
+from specrouter.policy import (
+    REASONS,
+    GroupState,
+    HeaderError,
+    Hints,
+    NoHealthyPool,
+    Policy,
+    apply_patch,
+    apply_put,
+    choose_group,
+    decide,
+    parse_pool_header,
+)
+from tests.unit.helpers import group
+
+THRESH = Policy(strategy="threshold", switch_up=16, switch_down=8, load_signal="inflight")
+
+
+def run(policy: Policy, loads: list[int], state: GroupState | None = None) -> list[str]:
+    """Decide at each group load in turn, carrying the group state; returns reasons."""
+    st = state or GroupState()
+    reasons = []
+    for t, load in enumerate(loads):
+        d = decide(policy, group(eagle=load), st, Hints(), now=float(t))
+        assert d.reason in REASONS
+        st = d.state
+        reasons.append(f"{d.pool}:{d.reason}")
+    return reasons
+
+
+def test_threshold_hysteresis_up_hold_down() -> None:
+    assert run(THRESH, [4, 12, 16, 12, 9, 8, 12]) == [
+        "eagle:below_switch_down",
+        "eagle:hysteresis_hold_eagle",
+        "baseline:above_switch_up",
+        "baseline:hysteresis_hold_baseline",
+        "baseline:hysteresis_hold_baseline",
+        "eagle:below_switch_down",
+        "eagle:hysteresis_hold_eagle",
+    ]
+
+
+def test_threshold_state_is_per_group() -> None:
+    hot = decide(THRESH, group("gpu0", eagle=20), GroupState(), Hints(), now=1.0)
+    cold = decide(THRESH, group("gpu1", eagle=10), GroupState(), Hints(), now=1.0)
+    assert (hot.pool, cold.pool) == ("baseline", "eagle")
+    assert hot.state.pool == "baseline" and hot.state.since == 1.0
+    # The same load in the band keeps each group on its own side.
+    assert decide(THRESH, group("gpu0", eagle=10), hot.state, Hints(), 2.0).pool == "baseline"
+    assert decide(THRESH, group("gpu1", eagle=10), cold.state, Hints(), 2.0).pool == "eagle"
+
+
+def test_group_load_sums_both_servers() -> None:
+    d = decide(THRESH, group(eagle=10, base=6), GroupState(), Hints(), now=0.0)
+    assert (d.load, d.pool, d.reason) == (16.0, "baseline", "above_switch_up")
+
+
+def test_overflow_cap_per_eagle_server() -> None:
+    p = Policy(strategy="overflow", eagle_cap=4, load_signal="inflight")
+    below = decide(p, group(eagle=3, base=50), GroupState(), Hints(), 0.0)
+    full = decide(p, group(eagle=4, base=0), GroupState(), Hints(), 0.0)
+    assert (below.pool, below.reason) == ("eagle", "below_eagle_cap")
+    assert (full.pool, full.reason) == ("baseline", "eagle_cap_reached")
+
+
+@pytest.mark.parametrize("mode", ["eagle", "baseline"])
+def test_forced_modes_ignore_load(mode: str) -> None:
+    p = Policy(mode=mode, strategy="threshold", switch_up=2, switch_down=1)
+    for load in (0, 100):
+        d = decide(p, group(eagle=load), GroupState(), Hints(), 0.0)
+        assert (d.pool, d.reason) == (mode, "forced_mode")
+
+
+def test_client_override_allowed_and_denied() -> None:
+    hot = group(eagle=100)
+    allowed = Policy(allow_client_override=True)
+    denied = Policy(allow_client_override=False)
+    d = decide(allowed, hot, GroupState(), Hints("eagle"), 0.0)
+    assert (d.pool, d.reason) == ("eagle", "client_override")
+    assert d.state == GroupState()  # an override does not move the group's hysteresis
+    d = decide(denied, hot, GroupState(), Hints("eagle"), 0.0)
+    assert (d.pool, d.reason) == ("baseline", "above_switch_up")
+    # Override to an unhealthy pool falls back to the healthy one.
+    d = decide(allowed, group(eagle_ok=False), GroupState(), Hints("eagle"), 0.0)
+    assert (d.pool, d.reason) == ("baseline", "eagle_unhealthy")
+
+
+def test_pool_header_parsing() -> None:
+    assert parse_pool_header(" EAGLE ") == "eagle"
+    assert parse_pool_header("baseline") == "baseline"
+    assert parse_pool_header(None) is None and parse_pool_header("") is None
+    with pytest.raises(HeaderError, match="x-specrouter-pool"):
+        parse_pool_header("fast")
+
+
+def test_unhealthy_pool_sends_group_to_the_other() -> None:
+    forced_eagle = Policy(mode="eagle")
+    d = decide(forced_eagle, group(eagle_ok=False), GroupState(), Hints(), 0.0)
+    assert (d.pool, d.reason) == ("baseline", "eagle_unhealthy")
+    d = decide(THRESH, group(eagle=100, base_ok=False), GroupState(), Hints(), 0.0)
+    assert (d.pool, d.reason) == ("eagle", "baseline_unhealthy")
+    with pytest.raises(NoHealthyPool):
+        decide(THRESH, group(eagle_ok=False, base_ok=False), GroupState(), Hints(), 0.0)
+
+
+def test_choose_group_least_loaded_and_skips_dead() -> None:
+    rng = random.Random(1)
+    a, b = group("a", eagle=5), group("b", eagle=2)
+    dead = group("c", eagle_ok=False, base_ok=False)
+    assert choose_group([a, b, dead], "inflight", random.Random(0)) is not dead
+    assert choose_group([a, b], "inflight", rng) is b
+    assert choose_group([dead], "inflight", rng) is None
+    assert choose_group([], "inflight", rng) is None
+    # A group with only its baseline alive is still a candidate.
+    half = group("h", eagle=9, eagle_ok=False)
+    assert choose_group([half, dead], "inflight", rng) is half
+
+
+def test_choose_group_ties_are_random() -> None:
+    rng = random.Random(7)
+    a, b = group("a", eagle=3), group("b", eagle=3)
+    picks = Counter(choose_group([a, b], "inflight", rng).name for _ in range(400))  # type: ignore[union-attr]
+    assert picks["a"] > 150 and picks["b"] > 150
+
+
+def test_choose_group_power_of_two_among_many() -> None:
+    rng = random.Random(3)
+    groups = [group(f"g{i}", eagle=i) for i in range(8)]
+    picks = Counter(choose_group(groups, "inflight", rng).name for _ in range(2000))  # type: ignore[union-attr]
+    # The most loaded group can never win a pairwise comparison; the least loaded wins
+    # every pair it is drawn in (probability 2/8), so it is picked about 1/4 of the time.
+    assert picks["g7"] == 0
+    assert 400 < picks["g0"] < 600
+    assert set(picks) == {f"g{i}" for i in range(7)}  # not always the global minimum
+
+
+def test_policy_validation_errors_name_the_field() -> None:
+    with pytest.raises(ValidationError) as exc:
+        Policy(switch_up=8, switch_down=8)
+    errs = exc.value.errors()
+    assert errs[0]["loc"] == ("switch_down",) and "less than switch_up" in errs[0]["msg"]
+    with pytest.raises(ValidationError) as exc:
+        Policy.model_validate({"mode": "fast", "eagle_cap": 0, "bogus": 1})
+    locs = {e["loc"] for e in exc.value.errors()}
+    assert locs == {("mode",), ("eagle_cap",), ("bogus",)}
+
+
+def test_put_and_patch_bump_version_and_keep_old_on_error() -> None:
+    p1 = Policy()
+    p2 = apply_patch(p1, {"strategy": "overflow", "eagle_cap": 12, "version": 99})
+    assert (p2.version, p2.strategy, p2.eagle_cap, p2.switch_up) == (2, "overflow", 12, 16)
+    assert p2.updated_at >= p1.updated_at
+    p3 = apply_put(p2, {"mode": "baseline"})
+    assert (p3.version, p3.strategy, p3.eagle_cap, p3.mode) == (3, "threshold", 8, "baseline")
+    with pytest.raises(ValidationError):
+        apply_patch(p3, {"switch_down": 100})
+    assert p3.version == 3 and p3.public()["mode"] == "baseline"
