@@ -91,25 +91,30 @@ def parse_get_load(payload: Any, received_at: float) -> EngineSample:
     return EngineSample(running, waiting, received_at, None, "get_load")
 
 
+_RANK_COPIES = ("tp_rank", "pp_rank")  # ranks of one batch: every copy shows the same count
+
+
 def parse_metrics(text: str, received_at: float) -> EngineSample:
-    """Prometheus text; gauges summed over rank series, accept length averaged."""
-    sums: dict[str, float] = {}
+    """Prometheus text. Series that differ only in tp_rank/pp_rank describe one batch, so
+    they are deduplicated (max); distinct DP ranks (or other labels) are summed."""
+    per_key: dict[str, dict[tuple[tuple[str, str], ...], float]] = {
+        "sglang:num_running_reqs": {}, "sglang:num_queue_reqs": {}}
     accepts: list[float] = []
-    found: set[str] = set()
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name in ("sglang:num_running_reqs", "sglang:num_queue_reqs"):
-                    sums[s.name] = sums.get(s.name, 0.0) + s.value
-                    found.add(s.name)
+                if s.name in per_key:
+                    key = tuple(sorted((k, v) for k, v in s.labels.items()
+                                       if k not in _RANK_COPIES))
+                    per_key[s.name][key] = max(per_key[s.name].get(key, 0.0), s.value)
                 elif s.name == "sglang:spec_accept_length":
                     accepts.append(s.value)
     except ValueError as exc:
         raise TelemetryParseError(f"/metrics: not Prometheus text ({exc})") from None
-    if "sglang:num_running_reqs" not in found:
+    if not per_key["sglang:num_running_reqs"]:
         raise TelemetryParseError("/metrics: no sglang:num_running_reqs gauge")
-    return EngineSample(int(sums["sglang:num_running_reqs"]),
-                        int(sums.get("sglang:num_queue_reqs", 0.0)), received_at,
+    return EngineSample(int(sum(per_key["sglang:num_running_reqs"].values())),
+                        int(sum(per_key["sglang:num_queue_reqs"].values())), received_at,
                         _accept_mean(accepts), "metrics")
 
 
