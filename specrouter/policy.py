@@ -54,7 +54,7 @@ class Policy(BaseModel):
     # overflow: EAGLE takes new requests up to eagle_cap in flight per healthy EAGLE server
     eagle_cap: int = Field(default=8, ge=1)
     # goodput: switch only when the other pool is predicted better by this fraction...
-    goodput_margin: float = Field(default=0.05, ge=0, lt=1)
+    goodput_margin: float = Field(default=0.03, ge=0, lt=1)
     # ...and not within min_dwell_s of the last switch of that group
     goodput_min_dwell_s: float = Field(default=1.0, ge=0)
     # EWMA weight of each new accept-length reading (1 = no smoothing)
