@@ -1,0 +1,293 @@
+"""The router's configuration: one pydantic-settings model, validated at start-up.
+
+Precedence, highest first: CLI flags (passed in as overrides), environment variables
+(`SPECROUTER_*`, nested sections with `__`, e.g. `SPECROUTER_TIMEOUTS__CONNECT=2`), the
+config file (`--config FILE` or `SPECROUTER_CONFIG`, YAML or TOML by suffix), defaults.
+
+Every mistake an operator can make in the backend list is caught here, before a socket is
+opened, with a message naming the offending entry: a router that starts with a typo in a
+URL would only fail later, on a user's request.
+
+Later features add their own section as one new field of `Settings` (telemetry, health,
+breaker, policy, redis, admin_token); nothing else in this module needs to change.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
+)
+
+Pool = Literal["eagle", "baseline"]
+POOLS: tuple[Pool, ...] = ("eagle", "baseline")
+
+MIB = 1024 * 1024
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class ConfigError(ValueError):
+    """A configuration the router refuses to start with; the message is for the operator."""
+
+
+class _Section(BaseModel):
+    # A misspelt key in a config file must fail loudly, not be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BackendConfig(_Section):
+    """One SGLang server. `group` names the GPU it shares with its sibling server."""
+
+    name: str
+    url: str
+    pool: Pool
+    group: str
+    api_key: SecretStr | None = None
+
+    @field_validator("name", "group")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # Names end up in response headers and metric labels: keep them plain.
+        if not _NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a valid name: use letters, digits, '_', '.', '-'"
+            )
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL like http://127.0.0.1:30000")
+        try:
+            parts.port  # noqa: B018 - raises on a non-numeric or out-of-range port
+        except ValueError as exc:
+            raise ValueError(f"{value!r} has a bad port: {exc}") from None
+        if parts.query or parts.fragment:
+            raise ValueError(f"{value!r} must not carry a query or fragment")
+        return value.rstrip("/")
+
+
+class ListenSettings(_Section):
+    """Where the router itself listens."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    # Off by default: one log line per request costs real CPU at thousands of requests/s.
+    access_log: bool = False
+
+
+class TimeoutSettings(_Section):
+    """Upstream timeouts in seconds.
+
+    A streaming request has no total limit (a long generation is normal); it only has to
+    start answering within `first_byte`. A non-streaming request must finish within `total`.
+    """
+
+    connect: float = Field(default=5.0, gt=0)
+    first_byte: float = Field(default=60.0, gt=0)
+    total: float = Field(default=600.0, gt=0)
+    write: float = Field(default=30.0, gt=0)
+
+
+class LimitSettings(_Section):
+    """Request size and upstream connection pool sizes."""
+
+    max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    # Every in-flight stream holds one upstream connection; the pool must be bigger than
+    # the largest batch a server runs, or requests queue in the router instead of SGLang.
+    max_connections_per_backend: int = Field(default=1024, gt=0)
+    max_keepalive_per_backend: int = Field(default=256, ge=0)
+
+
+class RetrySettings(_Section):
+    """Retry before the first byte only: after it, a retry would duplicate output."""
+
+    enabled: bool = True
+    retry_statuses: tuple[int, ...] = (502, 503)
+
+
+class Settings(BaseSettings):
+    """Everything `specrouter serve` needs; see the module docstring for precedence."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPECROUTER_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    listen: ListenSettings = Field(default_factory=ListenSettings)
+    backends: list[BackendConfig] = Field(default_factory=list)
+    # Optional explicit list of GPU groups: when given, each must have a server and each
+    # server's group must be listed, which catches a typo in one server's `group`.
+    groups: list[str] | None = None
+    timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+
+    @model_validator(mode="after")
+    def _consistent_backends(self) -> Settings:
+        if not self.backends:
+            raise ValueError(
+                "no backends configured: give at least one with --backend, "
+                "SPECROUTER_BACKENDS or `backends:` in the config file"
+            )
+        _check_unique("backend name", [b.name for b in self.backends])
+        _check_unique("backend url", [b.url for b in self.backends])
+        if self.groups is not None:
+            _check_declared_groups(self.groups, self.backends)
+        return self
+
+    def group_names(self) -> list[str]:
+        """GPU groups in configuration order."""
+        return list(dict.fromkeys(b.group for b in self.backends))
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        file_source = _file_source(settings_cls, _CONFIG_FILE.get())
+        if file_source is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, file_source
+
+
+def _check_unique(what: str, values: list[str]) -> None:
+    duplicates = sorted(v for v, n in Counter(values).items() if n > 1)
+    if duplicates:
+        raise ValueError(f"duplicate {what}: {', '.join(duplicates)}")
+
+
+def _check_declared_groups(groups: list[str], backends: list[BackendConfig]) -> None:
+    _check_unique("group", groups)
+    used = {b.group for b in backends}
+    empty = [g for g in groups if g not in used]
+    if empty:
+        raise ValueError(f"group(s) with no server: {', '.join(empty)}")
+    undeclared = sorted({b.name for b in backends if b.group not in groups})
+    if undeclared:
+        raise ValueError(
+            f"backend(s) {', '.join(undeclared)} name a group that is not in `groups` "
+            f"({', '.join(groups)})"
+        )
+
+
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("specrouter_config_file", default=None)
+
+
+def _file_source(
+    settings_cls: type[BaseSettings], path: Path | None
+) -> PydanticBaseSettingsSource | None:
+    if path is None:
+        return None
+    if path.suffix in (".yaml", ".yml"):
+        return YamlConfigSettingsSource(settings_cls, yaml_file=path)
+    return TomlConfigSettingsSource(settings_cls, toml_file=path)
+
+
+@contextmanager
+def _reading(path: Path | None) -> Iterator[None]:
+    token = _CONFIG_FILE.set(path)
+    try:
+        yield
+    finally:
+        _CONFIG_FILE.reset(token)
+
+
+def load_settings(
+    config_file: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Settings:
+    """Build the settings from all sources, or raise ConfigError with a readable message.
+
+    `overrides` are the CLI flags (nested dicts for sections). `environ` defaults to
+    os.environ; it is only read for `SPECROUTER_CONFIG` when no file is given.
+    """
+    import os
+
+    env = os.environ if environ is None else environ
+    path = _resolve_config_path(config_file or env.get("SPECROUTER_CONFIG"))
+    try:
+        with _reading(path):
+            return Settings(**dict(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def _resolve_config_path(raw: str | Path | None) -> Path | None:
+    if not raw:
+        return None
+    path = Path(raw)
+    if path.suffix not in (".yaml", ".yml", ".toml"):
+        raise ConfigError(f"config file {path}: use a .yaml, .yml or .toml file")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    return path
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem, with the path of the field (`backends.1.url: ...`)."""
+    lines = ["invalid configuration:"]
+    for error in exc.errors(include_url=False, include_input=False):
+        location = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"  {location}: {message}" if location else f"  {message}")
+    return "\n".join(lines)
+
+
+_BACKEND_KEYS = ("name", "url", "pool", "group", "api_key")
+
+
+def parse_backend_spec(spec: str) -> dict[str, str]:
+    """Parse one `--backend name=e0,url=http://h:1,pool=eagle,group=gpu0[,api_key=K]`."""
+    fields: dict[str, str] = {}
+    for item in spec.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _BACKEND_KEYS:
+            raise ConfigError(
+                f"--backend {_redact(spec)!r}: expected comma-separated "
+                f"key=value pairs with keys {', '.join(_BACKEND_KEYS)}"
+            )
+        if key in fields:
+            raise ConfigError(f"--backend {_redact(spec)!r}: {key} given twice")
+        fields[key] = value.strip()
+    missing = [k for k in _BACKEND_KEYS[:4] if k not in fields]
+    if missing:
+        raise ConfigError(f"--backend {_redact(spec)!r}: missing {', '.join(missing)}")
+    return fields
+
+
+def _redact(spec: str) -> str:
+    """The spec with any api_key value masked: error messages end up in logs."""
+    return re.sub(r"(api_key=)[^,]*", r"\1***", spec)
