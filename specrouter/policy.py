@@ -263,3 +263,35 @@ def choose_group(
         live = rng.sample(live, 2)
     least = min(g.load(signal) for g in live)
     return rng.choice([g for g in live if g.load(signal) == least])
+
+
+def group_report(
+    policy: Policy,
+    group: GroupView,
+    state: GroupState,
+    now: float,
+    cost_model: GroupCostModel | None = None,
+) -> dict[str, Any]:
+    """The live view of one group for GET /policy: load, what a new request would get
+    now and why, and (with a model) both pools' predictions and the crossover.
+
+    Pure and side-effect free: the decision is computed but its state is discarded.
+    """
+    report: dict[str, Any] = {
+        "group": group.name, "load": group.load(policy.load_signal),
+        "state": state.as_dict(),
+    }
+    try:
+        d = decide(policy, group, state, Hints(), now, cost_model)
+        report.update(choice=d.pool, reason=d.reason)
+        accept = d.state.accept_ewma
+    except NoHealthyPool:
+        report.update(choice=None, reason="no_healthy_server")
+        accept = state.accept_ewma
+    report["accept_length"] = accept
+    if cost_model is not None:
+        a = accept if accept is not None else cost_model.nominal_accept_length
+        preds = cost_model.predictions(report["load"] + 1, a)
+        report["predictions"] = {p: v.as_dict() for p, v in preds.items()}
+        report["crossover"] = cost_model.crossover(a)
+    return report

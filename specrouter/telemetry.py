@@ -192,7 +192,7 @@ class TelemetryPoller:
     client: httpx.AsyncClient | None = None
     clock: Callable[[], float] = time.monotonic
     _states: dict[str, _TargetState] = field(default_factory=dict)
-    _task: asyncio.Task[None] | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _own_client: bool = False
 
     def __post_init__(self) -> None:
@@ -209,18 +209,21 @@ class TelemetryPoller:
                     "last_error": s.last_error} for n, s in self._states.items()}
 
     async def start(self) -> None:
-        if self._task is not None:
+        """Start one polling loop per target (a hung server must not delay the others)."""
+        if self._tasks:
             return
         if self.client is None:
             self.client, self._own_client = httpx.AsyncClient(timeout=self.timeout), True
-        self._task = asyncio.create_task(self._run(), name="specrouter-telemetry")
+        self._tasks = [asyncio.create_task(self._run(t), name=f"telemetry-{t.name}")
+                       for t in self.targets]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._tasks = []
         if self._own_client and self.client is not None:
             await self.client.aclose()
             self.client, self._own_client = None, False
@@ -232,10 +235,13 @@ class TelemetryPoller:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _run(self) -> None:
+    async def _run(self, target: TelemetryTarget) -> None:
         while True:
             started = self.clock()
-            await asyncio.gather(*(self.poll_once(t) for t in self.targets))
+            try:
+                await self.poll_once(target)
+            except Exception:  # a bug in one poll must not end telemetry for good
+                log.exception("telemetry poll of %s failed", target.name)
             await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
 
     async def poll_once(self, target: TelemetryTarget) -> EngineSample | None:

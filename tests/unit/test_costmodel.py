@@ -18,7 +18,7 @@ from specrouter.costmodel import (
     model_from_step_table,
     parse_step_table,
 )
-from specrouter.policy import GroupState, Hints, Policy, decide
+from specrouter.policy import GroupState, Hints, Policy, decide, group_report
 from tests.unit.helpers import group
 
 CALIB = pathlib.Path("/work/shared/calibration")
@@ -184,3 +184,14 @@ def test_goodput_smooths_accept_length_per_new_reading() -> None:
 def test_goodput_without_model_falls_back_to_threshold() -> None:
     d = decide(GOODPUT, group(eagle=40), GroupState(), Hints(), 0.0, None)
     assert (d.pool, d.reason) == ("baseline", "goodput_no_model")
+
+
+def test_group_report_for_policy_endpoint() -> None:
+    m = llama()
+    r = group_report(GOODPUT, group(eagle=70, accept=2.5, accept_at=0.0), GroupState(), 5.0, m)
+    assert (r["choice"], r["reason"], r["load"]) == ("baseline", "goodput_baseline", 70.0)
+    assert r["crossover"] == pytest.approx(m.crossover(2.5))
+    assert r["predictions"]["baseline"]["throughput_tok_s"] > r["predictions"]["eagle"][
+        "throughput_tok_s"]
+    dead = group_report(GOODPUT, group(eagle_ok=False, base_ok=False), GroupState(), 5.0)
+    assert (dead["choice"], dead["reason"]) == (None, "no_healthy_server")
