@@ -1,0 +1,133 @@
+"""The compose stack: valid under the Compose Specification, and wired the way the pair needs.
+
+compose-spec.json is vendored from github.com/compose-spec/compose-spec,
+schema/compose-spec.json at commit a08f8d51631b7127ddac3d2c65537db429d0f1d0 (Apache-2.0);
+no PyPI package ships it (`compose-spec` on PyPI is Rust bindings, not the schema).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from specrouter.config import load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_DIR = ROOT / "deploy" / "compose"
+SCHEMA = json.loads(Path(__file__).with_name("compose-spec.json").read_text())
+_VAR = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+
+
+def raw_compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+    return data
+
+
+def env_example() -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in (COMPOSE_DIR / ".env.example").read_text().splitlines()
+             if line and not line.startswith("#"))
+    return {k: v for k, v in pairs}
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR:?error} rules, enough for this file."""
+    def sub(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        value = env.get(name, "")
+        if op and op.endswith("-") and not value:
+            return arg
+        if op and op.endswith("?") and not value:
+            raise ValueError(f"{name}: {arg}")
+        return value
+    return _VAR.sub(sub, text)
+
+
+def compose_with_env() -> dict[str, Any]:
+    text = interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env_example())
+    data: dict[str, Any] = yaml.safe_load(text)
+    return data
+
+
+def validate(doc: dict[str, Any]) -> None:
+    jsonschema.Draft7Validator(SCHEMA).validate(doc)
+
+
+def test_compose_file_is_valid_under_the_compose_spec() -> None:
+    validate(raw_compose())
+    validate(compose_with_env())
+
+
+def test_the_schema_catches_mistakes() -> None:
+    broken = copy.deepcopy(raw_compose())
+    broken["services"]["baseline"]["depends_on"]["eagle"]["condition"] = "service_up"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+    broken = copy.deepcopy(raw_compose())
+    broken["services"]["eagle"]["deploy"]["resources"]["reservations"]["gpus"] = 1
+    with pytest.raises(jsonschema.ValidationError):
+        validate(broken)
+
+
+def flags(service: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for item in service["command"]:
+        if item.startswith("--"):
+            key, _, value = item.partition("=")
+            out[key] = value
+    return out
+
+
+def test_both_servers_share_one_gpu_and_start_in_order() -> None:
+    services = compose_with_env()["services"]
+    devices = [services[s]["deploy"]["resources"]["reservations"]["devices"] for s in
+               ("eagle", "baseline")]
+    assert devices[0] == devices[1]
+    assert devices[0][0]["device_ids"] == ["0"] and devices[0][0]["capabilities"] == ["gpu"]
+    assert services["baseline"]["depends_on"]["eagle"]["condition"] == "service_healthy"
+    assert "/health" in " ".join(services["eagle"]["healthcheck"]["test"])
+    eagle, baseline = flags(services["eagle"]), flags(services["baseline"])
+    assert eagle["--speculative-algorithm"] == "EAGLE3"
+    for flag in ("--speculative-draft-model-path", "--speculative-num-steps",
+                 "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+                 "--max-running-requests"):
+        assert eagle[flag]
+    assert "--enable-metrics" in eagle and "--enable-metrics" in baseline
+    assert (eagle["--mem-fraction-static"], baseline["--mem-fraction-static"]) == (
+        env_example()["EAGLE_MEM_FRACTION"], env_example()["BASELINE_MEM_FRACTION"])
+    assert services["eagle"]["image"].startswith("lmsysorg/sglang")
+
+
+def test_router_config_matches_the_engine_services() -> None:
+    services = compose_with_env()["services"]
+    settings = load_settings(COMPOSE_DIR / "specrouter.yaml", environ={})
+    ports = {name: flags(services[name])["--port"] for name in ("eagle", "baseline")}
+    urls = {b.pool: b.url for b in settings.backends}
+    assert urls == {"eagle": f"http://eagle:{ports['eagle']}",
+                    "baseline": f"http://baseline:{ports['baseline']}"}
+    assert {b.group for b in settings.backends} == {"gpu0"}
+    router_env = services["router"]["environment"]
+    assert router_env["SPECROUTER_REDIS_URL"].startswith("redis://redis:")
+    assert int(router_env["SPECROUTER_WORKERS"]) > 1
+    assert router_env["SPECROUTER_ADMIN_TOKEN"] == env_example()["SPECROUTER_ADMIN_TOKEN"]
+
+
+def test_prometheus_scrapes_router_and_both_servers() -> None:
+    prom = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
+    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"]
+               for t in sc["targets"]}
+    services = compose_with_env()["services"]
+    assert targets == {"router:8000", f"eagle:{flags(services['eagle'])['--port']}",
+                       f"baseline:{flags(services['baseline'])['--port']}"}
+
+
+def test_missing_admin_token_is_an_error_not_an_empty_secret() -> None:
+    env = {k: v for k, v in env_example().items() if k != "SPECROUTER_ADMIN_TOKEN"}
+    with pytest.raises(ValueError, match="SPECROUTER_ADMIN_TOKEN"):
+        interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
