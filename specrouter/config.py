@@ -40,6 +40,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from specrouter.breaker import BreakerConfig
+from specrouter.policy import Policy
+
 Pool = Literal["eagle", "baseline"]
 POOLS: tuple[Pool, ...] = ("eagle", "baseline")
 
@@ -130,6 +133,31 @@ class RetrySettings(_Section):
     retry_statuses: tuple[int, ...] = (502, 503)
 
 
+class TelemetrySettings(_Section):
+    """Background polls of each server's load (/v1/loads, else /get_load, else /metrics).
+
+    A sample older than 3 intervals is ignored (the load falls back to the router's own
+    in-flight count), so a slow or dead server cannot pin a stale load on its group.
+    """
+
+    enabled: bool = True
+    interval_s: float = Field(default=0.1, gt=0)
+    timeout_s: float = Field(default=2.0, gt=0)
+
+
+class HealthSettings(_Section):
+    """Active health checks: `/ready` where the server has it, else `/health`.
+
+    SGLang's `/health` runs a one-token generation (a second or more under load), hence
+    its own, longer timeout; `/ready` is a cheap status read.
+    """
+
+    enabled: bool = True
+    interval_s: float = Field(default=2.0, gt=0)
+    ready_timeout_s: float = Field(default=2.0, gt=0)
+    health_timeout_s: float = Field(default=8.0, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything `specrouter serve` needs; see the module docstring for precedence."""
 
@@ -148,6 +176,17 @@ class Settings(BaseSettings):
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
+    # `load_aware` is the product; `prefer_eagle` is the simple router of the proxy core.
+    router: Literal["load_aware", "prefer_eagle"] = "load_aware"
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    # The policy in force at start-up; PUT/PATCH /policy change it at run time.
+    policy: Policy = Field(default_factory=Policy)
+    # Bearer token for policy writes; none configured means writes are refused.
+    admin_token: SecretStr | None = None
+    # Policy write bodies are tiny: anything bigger is refused before parsing.
+    admin_max_body_bytes: int = Field(default=64 * 1024, gt=0)
 
     @model_validator(mode="after")
     def _consistent_backends(self) -> Settings:
