@@ -197,16 +197,24 @@ def main() -> int:
     parser.add_argument("--time-scale", default="0.05")
     parser.add_argument("--sim-arg", action="append", default=[],
                         help="extra argument for `specrouter sim` (repeatable)")
+    parser.add_argument("--target-port", type=int,
+                        help="benchmark an already running server on this loopback port "
+                             "(e.g. a real SGLang server) instead of starting the simulator")
     args = parser.parse_args()
 
-    eagle_port, baseline_port, router_port = _free_port(), _free_port(), _free_port()
+    router_port = _free_port()
     py = sys.executable
-    sim = subprocess.Popen(
-        [py, "-m", "specrouter", "sim", "--group", "gpu0", "--eagle-port", str(eagle_port),
-         "--baseline-port", str(baseline_port), "--profile", args.profile,
-         "--time-scale", args.time_scale, "--seed", "7", *args.sim_arg],
-        cwd=REPO, start_new_session=True,
-    )
+    if args.target_port is not None:
+        eagle_port = args.target_port
+        sim = subprocess.Popen([py, "-c", "import time; time.sleep(1e9)"])
+    else:
+        eagle_port, baseline_port = _free_port(), _free_port()
+        sim = subprocess.Popen(
+            [py, "-m", "specrouter", "sim", "--group", "gpu0", "--eagle-port", str(eagle_port),
+             "--baseline-port", str(baseline_port), "--profile", args.profile,
+             "--time-scale", args.time_scale, "--seed", "7", *args.sim_arg],
+            cwd=REPO, start_new_session=True,
+        )
     backends = [{"name": "gpu0-eagle", "url": f"http://127.0.0.1:{eagle_port}",
                  "pool": "eagle", "group": "gpu0"}]
     router = subprocess.Popen(
@@ -215,10 +223,12 @@ def main() -> int:
         start_new_session=True,
     )
     try:
-        _wait_http(f"http://127.0.0.1:{eagle_port}/v1/models", sim)
+        if args.target_port is None:
+            _wait_http(f"http://127.0.0.1:{eagle_port}/v1/models", sim)
         _wait_http(f"http://127.0.0.1:{router_port}/health", router)
-        if args.model == "default":
-            args.model = httpx.get(f"http://127.0.0.1:{eagle_port}/v1/models").json()["data"][0]["id"]
+        if args.model == "default" and args.target_port is None:
+            models = httpx.get(f"http://127.0.0.1:{eagle_port}/v1/models").json()
+            args.model = models["data"][0]["id"]
         import uvloop
 
         uvloop.run(bench(args, eagle_port, router_port, router.pid))

@@ -117,13 +117,24 @@ class TimeoutSettings(_Section):
 
 
 class LimitSettings(_Section):
-    """Request size and upstream connection pool sizes."""
+    """Request size limit."""
 
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
+
+
+class UpstreamSettings(_Section):
+    """The client the router uses to talk to backends (see `specrouter.forward`).
+
+    `native` is a small HTTP/1.1 client on asyncio protocols and httptools with an O(1)
+    keep-alive pool; `httpx` is the reference implementation, whose pool bookkeeping is
+    quadratic in open connections and costs milliseconds per request at 100 streams.
+    """
+
+    transport: Literal["native", "httpx"] = "native"
     # Every in-flight stream holds one upstream connection; the pool must be bigger than
     # the largest batch a server runs, or requests queue in the router instead of SGLang.
     max_connections_per_backend: int = Field(default=1024, gt=0)
-    max_keepalive_per_backend: int = Field(default=256, ge=0)
+    max_idle_per_backend: int = Field(default=256, ge=0)
 
 
 class RetrySettings(_Section):
@@ -175,6 +186,7 @@ class Settings(BaseSettings):
     groups: list[str] | None = None
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     # `load_aware` is the product; `prefer_eagle` is the simple router of the proxy core.
     router: Literal["load_aware", "prefer_eagle"] = "load_aware"

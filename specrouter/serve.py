@@ -70,6 +70,9 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
         access_log=settings.listen.access_log,
         log_level=settings.listen.log_level,
         server_header=False,
+        # No X-Forwarded-* rewriting: it would run on every request, and the router
+        # does not use the client address.
+        proxy_headers=False,
         timeout_graceful_shutdown=5,
     )
 
