@@ -168,3 +168,9 @@ def test_router_only_uses_the_given_backends(tmp_path: Path) -> None:
     docs = render(VARIANTS["router-only-external-engines"])
     assert not by_kind(docs, "StatefulSet")
     assert [b.name for b in router_settings(docs, tmp_path).backends] == ["e0", "b0"]
+
+
+def test_helm_lint_strict_has_no_warnings() -> None:
+    report = helm.lint(str(CHART), strict=True, kube_version=f"v{KUBE_VERSION}")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []  # 1 = info ("icon")

@@ -108,3 +108,14 @@ def test_refused_plan_starts_nothing(tmp_path: Path, process_factory) -> None:
     assert proc.proc.wait(60) == 2
     assert "refused" in proc.output()
     assert events(tmp_path / "journal") == []
+
+
+def test_eagle_dying_while_loading_means_no_baseline(tmp_path: Path, process_factory) -> None:
+    proc = launch(tmp_path, process_factory)
+    log = tmp_path / "journal"
+    wait_until(lambda: ("start", "eagle") in events(log), 60, "eagle to start")
+    os.kill(pid_of(log, "eagle"), signal.SIGKILL)
+    assert proc.proc is not None
+    assert proc.proc.wait(60) != 0
+    assert ("start", "baseline") not in events(log)
+    assert "eagle exited with code -9" in proc.output()
