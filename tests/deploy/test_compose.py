@@ -131,3 +131,12 @@ def test_missing_admin_token_is_an_error_not_an_empty_secret() -> None:
     env = {k: v for k, v in env_example().items() if k != "SPECROUTER_ADMIN_TOKEN"}
     with pytest.raises(ValueError, match="SPECROUTER_ADMIN_TOKEN"):
         interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
+
+
+def test_router_env_names_are_the_ones_the_router_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", "s3cret-token-for-test")
+    monkeypatch.setenv("SPECROUTER_LISTEN__PORT", "8123")  # the Dockerfile's ENV
+    settings = load_settings(COMPOSE_DIR / "specrouter.yaml", environ={})
+    assert settings.admin_token is not None
+    assert settings.admin_token.get_secret_value() == "s3cret-token-for-test"
+    assert settings.listen.port == 8123
