@@ -337,6 +337,10 @@ class Proxy:
                        else RouterError(failed.status, failed.message))
                 await _send_json(send, err.status, err.body(), [(_REQUEST_ID, head.request_id)])
                 return
+            except RouterError as err:  # the router refused the request (e.g. a bad header)
+                watch.finished = True
+                await _send_json(send, err.status, err.body(), [(_REQUEST_ID, head.request_id)])
+                return
             may_retry = self._retry and not tried
             self.router.acquire(target)
             try:
