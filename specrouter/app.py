@@ -231,12 +231,13 @@ def _target_headers(target: Target, request_id: bytes) -> RawHeaders:
 def _response_headers(
     upstream: RawHeaders, target: Target, request_id: bytes, content_length: int | None = None
 ) -> RawHeaders:
+    """Upstream headers minus hop-by-hop ones, plus ours. Content-Length is always ours:
+    `content_length` for a buffered body, none (chunked) for a stream, which may gain an
+    error event the upstream never sent."""
     headers: RawHeaders = []
     for key, value in upstream:
         lower = key.lower()
-        if lower in _RESPONSE_DROP or lower == _REQUEST_ID:
-            continue
-        if content_length is not None and lower == b"content-length":
+        if lower in _RESPONSE_DROP or lower == _REQUEST_ID or lower == b"content-length":
             continue
         headers.append((lower, value))
     if content_length is not None:
