@@ -125,9 +125,9 @@ Response headers x-specrouter-pool and x-specrouter-backend say where each reque
 
 
 async def _serve_and_announce(settings: Settings, text: str) -> None:
-    from specrouter.app import create_app
+    from specrouter.assembly import build_app
 
-    server = uvicorn.Server(uvicorn_config(settings, create_app(settings)))
+    server = uvicorn.Server(uvicorn_config(settings, build_app(settings)))
     task = asyncio.ensure_future(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)

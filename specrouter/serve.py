@@ -37,6 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--access-log", action="store_true", default=None,
                         help="log every request (off by default: it costs CPU per request)")
     parser.add_argument("--max-body-bytes", type=int, help="request body limit (default 32 MiB)")
+    parser.add_argument("--policy-file", metavar="FILE",
+                        help="initial routing policy, JSON or YAML (e.g. written by "
+                             "`specrouter calibrate --write-policy`); replaces `policy:` of "
+                             "the config file")
+    parser.add_argument("--mode", choices=["auto", "eagle", "baseline"],
+                        help="policy mode: auto (the strategy decides), or force one pool")
+    parser.add_argument("--router", choices=["load_aware", "prefer_eagle"],
+                        help="routing implementation (default load_aware)")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,7 +62,30 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         overrides["backends"] = [parse_backend_spec(spec) for spec in args.backend]
     if args.max_body_bytes is not None:
         overrides["limits"] = {"max_body_bytes": args.max_body_bytes}
+    policy = _read_policy_file(args.policy_file) if getattr(args, "policy_file", None) else {}
+    if getattr(args, "mode", None):
+        policy["mode"] = args.mode
+    if policy:
+        overrides["policy"] = policy
+    if getattr(args, "router", None):
+        overrides["router"] = args.router
     return overrides
+
+
+def _read_policy_file(path: str) -> dict[str, Any]:
+    """A policy document (JSON or YAML object); a `policy:` wrapper is accepted too."""
+    import yaml  # JSON is YAML: one parser for both
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"policy file {path}: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("policy"), dict):
+        data = data["policy"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"policy file {path}: expected a JSON/YAML object")
+    return dict(data)
 
 
 def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
@@ -87,12 +118,14 @@ def describe(settings: Settings) -> str:
 
 
 def serve(settings: Settings) -> None:
-    from specrouter.app import create_app
+    from specrouter.assembly import build_app
 
     logging.basicConfig(level=settings.listen.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every telemetry poll and health check at INFO: ten lines a second.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     log.info("%s", describe(settings))
-    uvicorn.Server(uvicorn_config(settings, create_app(settings))).run()
+    uvicorn.Server(uvicorn_config(settings, build_app(settings))).run()
 
 
 def run(args: argparse.Namespace) -> int:

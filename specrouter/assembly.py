@@ -1,0 +1,69 @@
+"""Wiring of the product: settings in, the ASGI app out.
+
+    settings -> policy holder, health checker, load-aware router (telemetry inside)
+             -> proxy app (specrouter.app) + /policy + /metrics, wrapped in the metrics
+                middleware that times each request
+
+`serve` and `demo` both call `build_app`, so what a user runs on a laptop is what runs
+in production. Swapping a part (the policy holder for one backed by the cluster store,
+say) happens here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from starlette.routing import BaseRoute
+
+from specrouter.admin import AdminApi
+from specrouter.app import SpecRouterApp, create_app
+from specrouter.config import Settings
+from specrouter.costmodel import GroupCostModel
+from specrouter.forward import Upstream
+from specrouter.health import HealthChecker
+from specrouter.loadaware import LoadAwareRouter
+from specrouter.metrics import MetricsMiddleware, RouterMetrics, metrics_route
+from specrouter.policyholder import LocalPolicyHolder, PolicyHolder
+from specrouter.router import Backend, PreferEagleRouter, Router
+
+
+@dataclass
+class Product:
+    """The assembled parts, for tests and embedding; `asgi` is what uvicorn serves."""
+
+    asgi: MetricsMiddleware
+    app: SpecRouterApp
+    router: Router
+    metrics: RouterMetrics
+    policy: PolicyHolder | None
+
+
+def build_product(
+    settings: Settings,
+    upstreams: Mapping[str, Upstream] | None = None,
+    policy: PolicyHolder | None = None,
+    cost_models: Mapping[str, GroupCostModel] | None = None,
+) -> Product:
+    backends = [Backend.from_config(b) for b in settings.backends]
+    metrics = RouterMetrics()
+    extra: list[BaseRoute] = [metrics_route(metrics)]
+    router: Router
+    if settings.router == "prefer_eagle":
+        router, holder = PreferEagleRouter(backends), None
+    else:
+        holder = policy if policy is not None else LocalPolicyHolder(settings.policy)
+        health = HealthChecker(backends, settings.health, settings.breaker)
+        load_aware = LoadAwareRouter(backends, holder, health, settings.telemetry, metrics,
+                                     cost_models)
+        admin = AdminApi(holder, load_aware.live_view, settings.admin_token,
+                         settings.admin_max_body_bytes)
+        extra = [*admin.routes(), *extra]
+        router = load_aware
+    app = create_app(settings, router, upstreams, extra_routes=extra)
+    return Product(MetricsMiddleware(app, metrics), app, router, metrics, holder)
+
+
+def build_app(settings: Settings) -> MetricsMiddleware:
+    """The ASGI app `specrouter serve` runs."""
+    return build_product(settings).asgi

@@ -1,0 +1,160 @@
+"""Health of each backend: active checks in the background, passive outcomes, breakers.
+
+Two kinds of evidence, because each alone is too slow or too blind:
+- active checks find a server that is down before any user request hits it, and find it
+  back up. SGLang 0.5.23 has a cheap `GET /ready`; older versions answer it 404, and then
+  `GET /health` is used, which runs a one-token generation and may take a second or more
+  under load, hence its own long timeout. The path that works is remembered per backend
+  and looked for again after a connection failure (the server may have been replaced).
+- passive outcomes of real requests (connection errors, 5xx) react within a few requests;
+  they feed a per-backend circuit breaker (`specrouter.breaker`): open after N failures
+  in a window, a half-open probe after a cool-down, closed after M probe successes.
+
+The state machines are pure (`breaker.HealthRecord`); this module owns the clock, the
+HTTP client and the background loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+from specrouter.breaker import BreakerConfig, HealthRecord
+from specrouter.config import HealthSettings
+from specrouter.router import Backend
+
+log = logging.getLogger("specrouter.health")
+
+READY_PATH = "/ready"
+HEALTH_PATH = "/health"
+_NO_READY = frozenset({404, 405})  # a server without /ready (SGLang before 0.5.23)
+
+
+class HealthChecker:
+    """Per-backend health records, kept current by one background loop per backend."""
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        settings: HealthSettings,
+        breaker: BreakerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._backends = tuple(backends)
+        self._settings = settings
+        self._clock = clock
+        self.records: dict[str, HealthRecord] = {b.name: HealthRecord(breaker)
+                                                 for b in self._backends}
+        self._paths: dict[str, str | None] = dict.fromkeys(self.records)
+        self._client = client
+        self._own_client = client is None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._was_healthy: dict[str, bool] = dict.fromkeys(self.records, True)
+
+    # -- request path (synchronous, no I/O) ----------------------------------------------
+
+    def healthy(self, name: str, now: float | None = None) -> bool:
+        return self.records[name].healthy(self._clock() if now is None else now)
+
+    def allow_request(self, name: str, now: float | None = None) -> bool:
+        """Call when dispatching to `name`: in half-open state this takes the probe slot."""
+        return self.records[name].allow_request(self._clock() if now is None else now)
+
+    def record_outcome(self, name: str, ok: bool, error: str | None = None) -> None:
+        self.records[name].record_outcome(ok, self._clock(), error)
+        self._log_transition(name)
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def breaker_state(self, name: str) -> str:
+        return self.records[name].breaker.state(self._clock()).value
+
+    def describe(self, name: str) -> dict[str, Any]:
+        info = self.records[name].as_dict(self._clock())
+        info["check_path"] = self._paths[name]
+        return info
+
+    # -- active checks ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._tasks or not self._settings.enabled:
+            return
+        if self._client is None:
+            # No proxies from the environment for loopback engine traffic; no keep-alive
+            # reuse problems either, since checks are seconds apart.
+            self._client = httpx.AsyncClient(trust_env=False)
+        self._tasks = [asyncio.create_task(self._loop(b), name=f"health-{b.name}")
+                       for b in self._backends]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _loop(self, backend: Backend) -> None:
+        while True:
+            started = self._clock()
+            try:
+                await self.check_once(backend)
+            except Exception:  # a bug in one check must not end health checking for good
+                log.exception("health check of %s failed unexpectedly", backend.name)
+            elapsed = self._clock() - started
+            await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
+
+    async def check_once(self, backend: Backend) -> bool:
+        """One active check of `backend`; records and returns the verdict."""
+        ok, error = await self._probe(backend)
+        self.records[backend.name].record_check(ok, self._clock(), error)
+        self._log_transition(backend.name)
+        return ok
+
+    async def _probe(self, backend: Backend) -> tuple[bool, str | None]:
+        name = backend.name
+        if self._paths[name] != HEALTH_PATH:
+            status, error = await self._get(backend, READY_PATH, self._settings.ready_timeout_s)
+            if status is not None and status not in _NO_READY:
+                self._paths[name] = READY_PATH
+                return status == 200, None if status == 200 else f"{READY_PATH}: HTTP {status}"
+            if status is None:
+                return False, error
+            self._paths[name] = HEALTH_PATH
+        status, error = await self._get(backend, HEALTH_PATH, self._settings.health_timeout_s)
+        if status is None:
+            return False, error
+        return status == 200, None if status == 200 else f"{HEALTH_PATH}: HTTP {status}"
+
+    async def _get(self, backend: Backend, path: str, timeout: float) -> tuple[int | None, str]:
+        """(status, "") or (None, what went wrong)."""
+        assert self._client is not None, "call start() first"
+        try:
+            response = await self._client.get(backend.url + path, timeout=timeout)
+        except httpx.TimeoutException:
+            return None, f"{path}: no answer within {timeout:g}s"
+        except httpx.HTTPError as exc:
+            self._paths[backend.name] = None  # maybe a different server comes back: re-detect
+            return None, f"{path}: {type(exc).__name__}"
+        return response.status_code, ""
+
+    def _log_transition(self, name: str) -> None:
+        now_healthy = self.healthy(name)
+        if now_healthy != self._was_healthy[name]:
+            self._was_healthy[name] = now_healthy
+            record = self.records[name]
+            if now_healthy:
+                log.info("backend %s is healthy again", name)
+            else:
+                log.warning("backend %s is unhealthy (breaker %s, last error: %s)", name,
+                            record.breaker.state(self._clock()).value, record.last_error)

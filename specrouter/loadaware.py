@@ -1,0 +1,258 @@
+"""The load-aware router: EAGLE-3 while a GPU group is lightly loaded, baseline when loaded.
+
+It implements the proxy's `Router` seam (`specrouter.router`) by joining the pure parts:
+- `LoadView` (exact in-flight counts from `acquire`/`release`, engine telemetry from the
+  background `TelemetryPoller`, with the credit rule and staleness);
+- `HealthChecker` (active checks, passive outcomes, per-backend breakers);
+- `choose_group` then `decide` (policy.py) with the hysteresis state of each group;
+- the `PolicyHolder`, read once per request.
+
+`choose()` does no I/O and costs O(backends): it reads views that background tasks keep
+fresh. Only new requests are decided; a request in flight stays on its backend.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from specrouter.config import POOLS, Pool, TelemetrySettings
+from specrouter.costmodel import GroupCostModel
+from specrouter.errors import RouterError
+from specrouter.health import HealthChecker
+from specrouter.loadview import BackendView, GroupView, LoadSignal, LoadView
+from specrouter.metrics import BackendLive, LiveMetrics, RouterMetrics
+from specrouter.policy import (
+    POOL_HEADER,
+    GroupState,
+    HeaderError,
+    Hints,
+    Policy,
+    choose_group,
+    decide,
+    group_report,
+    parse_pool_header,
+)
+from specrouter.policyholder import PolicyHolder
+from specrouter.router import Backend, NoBackendAvailable, RequestInfo, Target
+from specrouter.telemetry import TelemetryPoller, TelemetryTarget
+
+
+class InvalidPoolHeader(RouterError):
+    """A malformed `x-specrouter-pool` header while client overrides are allowed: 400."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(400, message, param=POOL_HEADER, code="invalid_pool_header")
+
+
+class LoadAwareRouter:
+    """See the module docstring. Runs on one event loop; not thread-safe."""
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        policy: PolicyHolder,
+        health: HealthChecker,
+        telemetry: TelemetrySettings | None = None,
+        metrics: RouterMetrics | None = None,
+        cost_models: Mapping[str, GroupCostModel] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._backends = tuple(backends)
+        self._by_name = {b.name: b for b in self._backends}
+        self._policy = policy
+        self._health = health
+        self._metrics = metrics
+        self._cost_models = dict(cost_models or {})
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        telemetry = telemetry if telemetry is not None else TelemetrySettings()
+        self.view = LoadView(poll_interval=telemetry.interval_s)
+        for b in self._backends:
+            self.view.add_backend(b.name, b.group, b.pool)
+        self._states: dict[str, GroupState] = {g: GroupState() for g in self.view.group_names()}
+        self.poller: TelemetryPoller | None = None
+        if telemetry.enabled:
+            self.poller = TelemetryPoller(
+                targets=[TelemetryTarget(b.name, b.url, b.api_key, b.pool == "eagle")
+                         for b in self._backends],
+                publish=self.view.publish, publish_accept=self.view.publish_accept_length,
+                interval=telemetry.interval_s, timeout=telemetry.timeout_s,
+            )
+        if metrics is not None:
+            metrics.attach(self.live_metrics)
+
+    # -- the Router protocol ---------------------------------------------------------------
+
+    @property
+    def backends(self) -> Sequence[Backend]:
+        return self._backends
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy.current
+
+    def choose(self, request: RequestInfo) -> Target:
+        now = self._clock()
+        policy = self._policy.current
+        groups = self._views(now, request.exclude)
+        if request.pool is not None:
+            target = self._route_pool(groups, request.pool, policy.load_signal)
+        else:
+            target = self._decide(groups, policy, self._hints(policy, request), now)
+        self._health.allow_request(target.backend.name, now)  # claims a half-open probe
+        if self._metrics is not None:
+            self._metrics.observe_decision(target.pool, target.reason)
+        return target
+
+    def acquire(self, target: Target) -> None:
+        self.view.acquire(target.backend.name)
+
+    def release(self, target: Target) -> None:
+        self.view.release(target.backend.name)
+
+    def record_outcome(self, backend: str, ok: bool, error: str | None = None) -> None:
+        self._health.record_outcome(backend, ok, error)
+        if not ok and self._metrics is not None:
+            self._metrics.observe_upstream_error(backend)
+
+    def healthy(self, backend: str) -> bool:
+        return self._health.healthy(backend)
+
+    def inflight(self, backend: str) -> int:
+        return self.view.backends[backend].inflight
+
+    async def start(self) -> None:
+        await self._health.start()
+        if self.poller is not None:
+            await self.poller.start()
+
+    async def stop(self) -> None:
+        if self.poller is not None:
+            await self.poller.stop()
+        await self._health.stop()
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def _views(self, now: float, exclude: frozenset[str]) -> tuple[GroupView, ...]:
+        health = self._health
+
+        def usable(name: str) -> bool:
+            return name not in exclude and health.healthy(name, now)
+
+        return self.view.snapshot(now, usable)
+
+    def _hints(self, policy: Policy, request: RequestInfo) -> Hints:
+        if not policy.allow_client_override:
+            return Hints()  # the header is ignored, even a malformed one
+        try:
+            return Hints(parse_pool_header(request.pool_header))
+        except HeaderError as exc:
+            raise InvalidPoolHeader(str(exc)) from None
+
+    def _decide(
+        self, groups: tuple[GroupView, ...], policy: Policy, hints: Hints, now: float
+    ) -> Target:
+        group = choose_group(groups, policy.load_signal, self._rng)
+        if group is None:
+            raise NoBackendAvailable("no healthy backend in any GPU group")
+        decision = decide(policy, group, self._states[group.name], hints, now,
+                          self._cost_models.get(group.name))
+        self._states[group.name] = decision.state
+        backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal)
+        return Target(group.name, decision.pool, backend, decision.reason)
+
+    def _route_pool(
+        self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal
+    ) -> Target:
+        """A route that needs one pool: its server in the least loaded group that has one,
+        else any healthy server of the other pool."""
+        for wanted, reason in ((pool, "route_pool"), (_other(pool), "route_pool_unavailable")):
+            candidates = [g for g in groups if g.pool_healthy(wanted)]
+            if candidates:
+                group = min(candidates, key=lambda g: g.load(signal))
+                backend = self._least_loaded(group.healthy_servers(wanted), signal)
+                return Target(group.name, wanted, backend, reason)
+        raise NoBackendAvailable("no healthy backend in any GPU group")
+
+    def _least_loaded(self, servers: Sequence[BackendView], signal: LoadSignal) -> Backend:
+        best = min(servers, key=lambda b: b.load(signal))
+        return self._by_name[best.name]
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def group_states(self) -> Mapping[str, GroupState]:
+        return dict(self._states)
+
+    def details(self) -> dict[str, Any]:
+        """For GET /ready: the router, its policy version and every backend."""
+        now = self._clock()
+        return {
+            "router": "load_aware",
+            "policy_version": self._policy.current.version,
+            "inflight_total": sum(b.inflight for b in self.view.backends.values()),
+            "backends": [self._backend_info(b, now) for b in self._backends],
+        }
+
+    def live_view(self) -> dict[str, Any]:
+        """For GET /policy: per group the load, the current choice and why (and the cost
+        model's predictions when there is one); per backend health, breaker, in-flight,
+        telemetry age and accept length."""
+        now = self._clock()
+        policy = self._policy.current
+        groups = self._views(now, frozenset())
+        return {
+            "groups": [
+                group_report(policy, g, self._states[g.name], now, self._cost_models.get(g.name))
+                for g in groups
+            ],
+            "backends": [self._backend_info(b, now) for b in self._backends],
+        }
+
+    def _backend_info(self, backend: Backend, now: float) -> dict[str, Any]:
+        load = self.view.backends[backend.name]
+        health = self._health.describe(backend.name)
+        stale = load.is_stale(now, self.view.poll_interval)
+        telemetry: dict[str, Any] = {
+            "source": self.poller.source_of(backend.name) if self.poller else None,
+            "age_s": load.age(now), "stale": stale,
+            "engine_load": load.engine_load(now, self.view.poll_interval),
+            "running": None if load.sample is None else load.sample.running,
+            "waiting": None if load.sample is None else load.sample.waiting,
+        }
+        return {
+            "name": backend.name, "url": backend.url, "pool": backend.pool,
+            "group": backend.group, "healthy": health["healthy"], "breaker": health["breaker"],
+            "inflight": load.inflight, "last_error": health["last_error"],
+            "check_path": health["check_path"], "accept_length": load.accept_length,
+            "telemetry": telemetry,
+        }
+
+    def live_metrics(self) -> LiveMetrics:
+        now = self._clock()
+        policy = self._policy.current
+        groups = self.view.snapshot(now, lambda n: self._health.healthy(n, now))
+        backends = []
+        for b in self._backends:
+            load = self.view.backends[b.name]
+            backends.append(BackendLive(
+                name=b.name, pool=b.pool, group=b.group,
+                healthy=self._health.healthy(b.name, now),
+                breaker=self._health.breaker_state(b.name), inflight=load.inflight,
+                engine_load=load.engine_load(now, self.view.poll_interval),
+                telemetry_age_s=load.age(now), stale_reads=load.stale_reads,
+                accept_length=load.accept_length,
+            ))
+        return LiveMetrics(
+            backends=tuple(backends),
+            group_loads={g.name: g.load(policy.load_signal) for g in groups},
+            group_pools={g: s.pool for g, s in self._states.items()},
+            policy_version=policy.version,
+        )
+
+
+def _other(pool: Pool) -> Pool:
+    return POOLS[1] if pool == POOLS[0] else POOLS[0]

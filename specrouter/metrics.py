@@ -1,0 +1,234 @@
+"""Prometheus metrics of the router, in a registry of its own.
+
+Two kinds of series, for cost reasons:
+- events (requests, decisions, upstream errors, latencies) are counted as they happen;
+  the label children are resolved once and cached, so the request path pays a dict
+  lookup and an increment;
+- state (in-flight, loads, health, breakers, telemetry age, policy version) is read
+  from the router only when `/metrics` is scraped, through `LiveMetrics`, instead of
+  updating gauges on every request.
+
+Latency and status are observed by `MetricsMiddleware`, an ASGI wrapper around the app
+that reads the `x-specrouter-pool` / `x-specrouter-backend` headers the proxy sets, so the
+proxy itself knows nothing about metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+PREFIX = "specrouter"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                   60.0, 120.0, 300.0)
+BREAKER_STATES = ("closed", "open", "half_open")
+#: Paths whose requests are counted and timed (the proxied generation routes and /v1/*).
+_COUNTED_PREFIXES = ("/v1/", "/generate")
+NO_LABEL = "none"
+
+
+@dataclass(frozen=True)
+class BackendLive:
+    name: str
+    pool: str
+    group: str
+    healthy: bool
+    breaker: str
+    inflight: int
+    engine_load: float | None
+    telemetry_age_s: float | None
+    stale_reads: int
+    accept_length: float | None
+
+
+@dataclass(frozen=True)
+class LiveMetrics:
+    """What the router reports at scrape time."""
+
+    backends: tuple[BackendLive, ...] = ()
+    group_loads: Mapping[str, float] = field(default_factory=dict)
+    group_pools: Mapping[str, str] = field(default_factory=dict)
+    policy_version: int = 0
+
+
+class _LiveCollector(Collector):
+    def __init__(self, source: Callable[[], LiveMetrics]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[Metric]:
+        live = self._source()
+        inflight = GaugeMetricFamily(f"{PREFIX}_inflight_requests",
+                                     "Requests the router has in flight, per backend",
+                                     labels=["backend", "pool", "group"])
+        healthy = GaugeMetricFamily(f"{PREFIX}_backend_healthy",
+                                    "1 if the backend takes new requests", labels=["backend"])
+        breaker = GaugeMetricFamily(f"{PREFIX}_breaker_state",
+                                    "Circuit breaker state (1 for the current one)",
+                                    labels=["backend", "state"])
+        engine = GaugeMetricFamily(f"{PREFIX}_engine_load",
+                                   "Credited engine load (running + waiting), fresh telemetry only",
+                                   labels=["backend"])
+        age = GaugeMetricFamily(f"{PREFIX}_telemetry_age_seconds",
+                                "Age of the last telemetry sample", labels=["backend"])
+        stale = CounterMetricFamily(f"{PREFIX}_telemetry_stale_reads",
+                                    "Load reads that ignored stale telemetry", labels=["backend"])
+        accept = GaugeMetricFamily(f"{PREFIX}_accept_length",
+                                   "Live EAGLE accept length reported by the server",
+                                   labels=["backend"])
+        for b in live.backends:
+            inflight.add_metric([b.name, b.pool, b.group], b.inflight)
+            healthy.add_metric([b.name], 1.0 if b.healthy else 0.0)
+            for state in BREAKER_STATES:
+                breaker.add_metric([b.name, state], 1.0 if b.breaker == state else 0.0)
+            if b.engine_load is not None:
+                engine.add_metric([b.name], b.engine_load)
+            if b.telemetry_age_s is not None:
+                age.add_metric([b.name], b.telemetry_age_s)
+            stale.add_metric([b.name], b.stale_reads)
+            if b.accept_length is not None:
+                accept.add_metric([b.name], b.accept_length)
+        load = GaugeMetricFamily(f"{PREFIX}_group_load",
+                                 "GPU group load under the policy's load signal", labels=["group"])
+        for group, value in live.group_loads.items():
+            load.add_metric([group], value)
+        pool = GaugeMetricFamily(f"{PREFIX}_group_pool",
+                                 "Pool new requests of the group go to (1 for the current one)",
+                                 labels=["group", "pool"])
+        for group, current in live.group_pools.items():
+            for p in ("eagle", "baseline"):
+                pool.add_metric([group, p], 1.0 if current == p else 0.0)
+        version = GaugeMetricFamily(f"{PREFIX}_policy_version", "Version of the policy in force")
+        version.add_metric([], live.policy_version)
+        yield from (inflight, healthy, breaker, engine, age, stale, accept, load, pool, version)
+
+
+class RouterMetrics:
+    """The router's series; `render()` is the `/metrics` body."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_requests", "Requests answered, by pool/backend/status",
+                                ["pool", "backend", "status"], registry=r)
+        self.decisions = Counter(f"{PREFIX}_decisions", "Routing decisions, by pool and reason",
+                                 ["pool", "reason"], registry=r)
+        self.upstream_errors = Counter(f"{PREFIX}_upstream_errors",
+                                       "Failed upstream exchanges (connection errors, 5xx)",
+                                       ["backend"], registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
+                              "Time to the first streamed byte of a response, per pool",
+                              ["pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds",
+                             "Request latency from arrival to the last byte, per pool",
+                             ["pool"], buckets=LATENCY_BUCKETS, registry=r)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._live: _LiveCollector | None = None
+
+    def attach(self, source: Callable[[], LiveMetrics]) -> None:
+        """Report `source()` at every scrape (one source; a second replaces the first)."""
+        if self._live is not None:
+            self.registry.unregister(self._live)
+        self._live = _LiveCollector(source)
+        self.registry.register(self._live)
+
+    def _child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def observe_decision(self, pool: str, reason: str) -> None:
+        self._child(self.decisions, pool, reason).inc()
+
+    def observe_upstream_error(self, backend: str) -> None:
+        self._child(self.upstream_errors, backend).inc()
+
+    def observe_request(self, pool: str, backend: str, status: int,
+                        ttft_s: float | None, e2e_s: float) -> None:
+        self._child(self.requests, pool, backend, str(status)).inc()
+        if 200 <= status < 300:
+            if ttft_s is not None:
+                self._child(self.ttft, pool).observe(ttft_s)
+            self._child(self.e2e, pool).observe(e2e_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def metrics_route(metrics: RouterMetrics, path: str = "/metrics") -> Route:
+    async def endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return Route(path, endpoint, methods=["GET"])
+
+
+class MetricsMiddleware:
+    """Times and counts each proxied request by the pool and backend the proxy chose."""
+
+    def __init__(self, app: ASGIApp, metrics: RouterMetrics,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.app = app
+        self._metrics = metrics
+        self._clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(_COUNTED_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        started = self._clock()
+        seen = _Seen()
+
+        async def timed_send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                seen.start(message)
+            elif kind == "http.response.body":
+                if seen.streaming and seen.ttft is None and message.get("body"):
+                    seen.ttft = self._clock() - started
+                if not message.get("more_body", False) and not seen.done:
+                    seen.done = True
+                    self._metrics.observe_request(seen.pool, seen.backend, seen.status,
+                                                  seen.ttft, self._clock() - started)
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            if seen.status and not seen.done:  # the client left mid-response
+                seen.done = True
+                self._metrics.observe_request(seen.pool, seen.backend, 499, None,
+                                              self._clock() - started)
+
+
+class _Seen:
+    __slots__ = ("backend", "done", "pool", "status", "streaming", "ttft")
+
+    def __init__(self) -> None:
+        self.pool = self.backend = NO_LABEL
+        self.status = 0
+        self.streaming = False
+        self.ttft: float | None = None
+        self.done = False
+
+    def start(self, message: Message) -> None:
+        self.status = int(message["status"])
+        # The proxy appends its own headers last: scan from the end.
+        for key, value in reversed(message.get("headers", [])):
+            if key == b"x-specrouter-pool":
+                self.pool = value.decode("latin-1")
+            elif key == b"x-specrouter-backend":
+                self.backend = value.decode("latin-1")
+            elif key == b"content-type":
+                self.streaming = value.startswith(b"text/event-stream")
