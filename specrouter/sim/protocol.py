@@ -1,0 +1,226 @@
+"""SGLang's JSON shapes: request parsing and response/chunk builders.
+
+Field names and nesting follow SGLang's python/sglang/srt/entrypoints/openai/protocol.py and
+serving_{chat,completions}.py (see docs/simulator.md for the version read). Chunks and
+responses are serialised with every field present, nulls included, because SGLang dumps its
+pydantic models with model_dump_json() and clients may rely on keys being there.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from specrouter.sim.text import chat_prompt_tokens, count_text_tokens
+
+EOS_TOKEN_ID = 128009  # Llama-3 <|eot_id|>: what SGLang reports as matched_stop on EOS
+
+
+class BadRequest(ValueError):
+    """The request body is invalid: SGLang answers 400 in its flat error format."""
+
+
+def error_body(message: str, err_type: str = "BadRequestError", code: int = 400) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """What the engine needs from any of the three generation endpoints."""
+
+    prompt_tokens: int
+    prompt_key: str  # feeds the deterministic output
+    max_new_tokens: int | None
+    ignore_eos: bool
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    model: str
+
+
+def _opt_int(body: dict[str, Any], key: str) -> int | None:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"{key}: Input should be a valid integer")
+    if v < 0:
+        raise BadRequest(f"{key} must be non-negative")
+    return v
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return tuple(s for s in value if s)
+    raise BadRequest("stop: Input should be a valid string or list of strings")
+
+
+def _bool(body: dict[str, Any], key: str) -> bool:
+    v = body.get(key, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise BadRequest(f"{key}: Input should be a valid boolean")
+    return v
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    if not isinstance(opts, dict):
+        raise BadRequest("stream_options: Input should be a valid dictionary")
+    return bool(opts.get("include_usage", False))
+
+
+def parse_chat(body: Any, chars_per_token: float, default_model: str) -> GenParams:
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages: Field required (a non-empty list)")
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise BadRequest("messages: every message needs a 'role'")
+    max_tokens = _opt_int(body, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = _opt_int(body, "max_tokens")
+    _n_is_one(body)
+    key = json.dumps(messages, sort_keys=True, default=str)
+    return GenParams(chat_prompt_tokens(messages, chars_per_token), key, max_tokens,
+                     _bool(body, "ignore_eos"), _stop(body.get("stop")), _bool(body, "stream"),
+                     _include_usage(body), str(body.get("model") or default_model))
+
+
+def parse_completion(body: Any, chars_per_token: float, default_model: str) -> GenParams:
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        tokens = count_text_tokens(prompt, chars_per_token)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        tokens = len(prompt)
+    else:
+        raise BadRequest("prompt: Field required (a string, or a list of token ids)")
+    _n_is_one(body)
+    max_tokens = _opt_int(body, "max_tokens")
+    return GenParams(tokens, json.dumps(prompt), 16 if max_tokens is None else max_tokens,
+                     _bool(body, "ignore_eos"), _stop(body.get("stop")), _bool(body, "stream"),
+                     _include_usage(body), str(body.get("model") or default_model))
+
+
+def parse_generate(body: Any, chars_per_token: float, default_model: str) -> GenParams:
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object")
+    text, ids = body.get("text"), body.get("input_ids")
+    if isinstance(text, str):
+        tokens, key = count_text_tokens(text, chars_per_token), text
+    elif isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
+        tokens, key = len(ids), json.dumps(ids)
+    else:
+        raise BadRequest("Either text or input_ids should be provided.")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params must be an object")
+    max_new = _opt_int(params, "max_new_tokens")
+    return GenParams(tokens, key, 128 if max_new is None else max_new,
+                     _bool(params, "ignore_eos"), _stop(params.get("stop")), _bool(body, "stream"),
+                     False, default_model)
+
+
+def _n_is_one(body: dict[str, Any]) -> None:
+    n = body.get("n", 1)
+    if n not in (None, 1):
+        raise BadRequest("n > 1 is not supported by this server")
+
+
+# --- responses -------------------------------------------------------------------------------
+
+def usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "completion_tokens": completion, "prompt_tokens_details": None,
+            "reasoning_tokens": 0}
+
+
+def matched_stop(finish_reason: str, stop_str: str | None) -> int | str | None:
+    if finish_reason != "stop":
+        return None
+    return stop_str if stop_str is not None else EOS_TOKEN_ID
+
+
+def chat_response(rid: str, model: str, text: str, finish: str, matched: int | str | None,
+                  prompt: int, completion: int) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                        "tool_calls": None},
+            "logprobs": None, "finish_reason": finish, "matched_stop": matched,
+            "hidden_states": None,
+        }],
+        "usage": usage(prompt, completion),
+        "metadata": {"weight_version": "default"},
+    }
+
+
+def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any],
+               finish: str | None = None, matched: int | str | None = None) -> dict[str, Any]:
+    full_delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None,
+                  **delta}
+    return {
+        "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": full_delta, "logprobs": None, "finish_reason": finish,
+                     "matched_stop": matched}],
+        "usage": None,
+    }
+
+
+def completion_response(rid: str, model: str, text: str, finish: str,
+                        matched: int | str | None, prompt: int,
+                        completion: int) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                     "matched_stop": matched, "hidden_states": None}],
+        "usage": usage(prompt, completion),
+        "metadata": {"weight_version": "default"},
+    }
+
+
+def completion_chunk(rid: str, model: str, created: int, text: str,
+                     finish: str | None = None, matched: int | str | None = None) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                     "matched_stop": matched}],
+        "usage": None,
+    }
+
+
+def usage_chunk(rid: str, model: str, created: int, obj: str, prompt: int,
+                completion: int) -> dict[str, Any]:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage(prompt, completion)}
+
+
+def generate_finish(finish: str, matched: int | str | None, completion: int) -> dict[str, Any]:
+    if finish == "length":
+        return {"type": "length", "length": completion}
+    if finish == "abort":
+        return {"type": "abort", "message": "request aborted"}
+    return {"type": "stop", "matched": matched}
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

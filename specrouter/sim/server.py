@@ -1,0 +1,126 @@
+"""Run a GPU group's simulated engines: one process, one event loop, one simulated GPU,
+one uvicorn server per engine port.
+
+uvicorn's own signal capture assumes one server per process, so it is switched off and this
+module turns SIGTERM/SIGINT into a shutdown of every server at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import uvicorn
+
+from specrouter.sim.api import ServerSettings, SimServer, build_app
+from specrouter.sim.engine import Engine
+from specrouter.sim.gpu import SharedGpu, SimClock
+from specrouter.sim.profile import Profile
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Listener:
+    """Closes and reopens one server's listening socket (the refuse_connections fault):
+    a closed socket makes connects fail with ECONNREFUSED, as a dead server's port does."""
+
+    def __init__(self, server: _Server, host: str, port: int) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self.refusing = False
+
+    async def set_refusing(self, refuse: bool) -> None:
+        if refuse == self.refusing:
+            return
+        self.refusing = refuse
+        if refuse:
+            for srv in self.server.servers:
+                srv.close()
+            return
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        config, state = self.server.config, self.server.server_state
+        lifespan_state = self.server.lifespan.state
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=state, app_state=lifespan_state)
+
+        loop = asyncio.get_running_loop()
+        self.server.servers = [await loop.create_server(protocol, sock=sock,
+                                                        backlog=config.backlog)]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kind: str  # "eagle" | "baseline"
+    port: int
+
+
+async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, group: str,
+                      time_scale: float, seed: int, api_key: str | None,
+                      served_model_name: str | None,
+                      max_queued_requests: int | None = None) -> None:
+    clock = SimClock(time_scale)
+    gpu = SharedGpu(clock)
+    servers: list[_Server] = []
+    engines: list[Engine] = []
+    for spec in specs:
+        limits = profile.eagle if spec.kind == "eagle" else profile.baseline
+        engine = Engine(f"{group}-{spec.kind}", spec.kind, profile, gpu, seed, limits,
+                        max_queued_requests)
+        settings = ServerSettings(host, spec.port, served_model_name or profile.served_model_name,
+                                  api_key, seed, group)
+        sim = SimServer(engine, settings)
+        config = uvicorn.Config(build_app(sim), host=host, port=spec.port, loop="none",
+                                http="httptools", lifespan="off", log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=1,
+                                timeout_keep_alive=30, backlog=4096)
+        server = _Server(config)
+        sim.listener = Listener(server, host, spec.port)
+        servers.append(server)
+        engines.append(engine)
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for srv in servers:
+            srv.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    for engine in engines:
+        engine.start()
+    tasks = [asyncio.ensure_future(srv.serve()) for srv in servers]
+    while not all(srv.started for srv in servers):
+        if any(t.done() for t in tasks):
+            break
+        await asyncio.sleep(0.01)
+    failed = [t for t in tasks if t.done()]
+    if failed:
+        stop()
+        for engine in engines:
+            await engine.stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise OSError("could not listen on every port (see the error above)")
+    if all(srv.started for srv in servers):
+        ports = " ".join(f"{s.kind}=http://{host}:{s.port}" for s in specs)
+        print(f"specrouter sim ready: group={group} profile={profile.name} "
+              f"time_scale={time_scale} seed={seed} {ports}", flush=True)
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        stop()
+        for engine in engines:
+            await engine.stop()
+        sys.stdout.flush()
