@@ -1,0 +1,179 @@
+"""Load shapes: closed-loop concurrency, open-loop Poisson arrivals, phased traces.
+
+Closed loop: N users, each sends its next request when the previous one ends (the load a
+batch job or an agent fleet puts on a server). Open loop: requests arrive at random
+(Poisson) times whatever the server does, so queues show up as latency, the way
+independent users behave. A trace is a list of phases, each one of the two, as data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from loadtest.client import ConnectionPool, encode, endpoint_path, stream_request
+from loadtest.metrics import RequestResult
+from loadtest.promptset import Prompt, PromptCycler, RequestShape, build_body
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One stretch of a trace, in simulated seconds (scaled by the runner)."""
+
+    name: str
+    duration_s: float
+    concurrency: int | None = None  # closed loop with this many users
+    rate: float | None = None  # or open loop: Poisson arrivals per simulated second
+    control: dict[str, Any] | None = None  # sent to the simulators at the phase start
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError(f"phase {self.name!r}: give exactly one of concurrency or rate")
+        if self.duration_s <= 0:
+            raise ValueError(f"phase {self.name!r}: duration_s must be positive")
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> Phase:
+        known = {"name", "duration_s", "concurrency", "rate", "control"}
+        unknown = set(row) - known
+        if unknown:
+            raise ValueError(f"phase {row.get('name')!r}: unknown fields {sorted(unknown)}")
+        return cls(**row)
+
+
+ControlHook = Callable[[Phase], Awaitable[None]]
+
+
+@dataclass
+class LoadGenerator:
+    """Sends shaped requests to one OpenAI-compatible base URL and records them."""
+
+    base_url: str
+    shape: RequestShape
+    prompts: Sequence[Prompt]
+    seed: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    progress: bool = True
+    time_scale: float = 1.0
+    results: list[RequestResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._cycler = PromptCycler(list(self.prompts), self.seed)
+        self._rng = random.Random(self.seed)
+        self._path = endpoint_path(self.shape.api)
+        self._pool: ConnectionPool | None = None
+        self._t0 = time.perf_counter()
+        self._bar: tqdm[Any] | None = None
+
+    async def __aenter__(self) -> LoadGenerator:
+        self._pool = ConnectionPool(self.base_url)
+        self._t0 = time.perf_counter()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        if self._bar is not None:
+            self._bar.close()
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def _progress(self, total: int | None, desc: str) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar = tqdm(total=total, desc=desc, unit="req", disable=not self.progress,
+                         leave=False, mininterval=0.5)
+
+    async def one(self, phase: str = "") -> RequestResult:
+        assert self._pool is not None, "use `async with LoadGenerator(...)`"
+        body = encode(build_body(self._cycler.next(), self.shape))
+        result = RequestResult(start=self.now(), phase=phase)
+        self.results.append(result)
+        await stream_request(self._pool, self._path, body, result, self.headers)
+        if self._bar is not None:
+            self._bar.update(1)
+        return result
+
+    async def closed_loop(
+        self, concurrency: int, num_requests: int | None = None,
+        duration: float | None = None, phase: str = "",
+    ) -> list[RequestResult]:
+        """`concurrency` users until `num_requests` were sent or `duration` (wall s) passed."""
+        if num_requests is None and duration is None:
+            raise ValueError("closed_loop needs num_requests or duration")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        first = len(self.results)
+        deadline = None if duration is None else self.now() + duration
+        sent = 0
+        if phase == "" or self._bar is None:
+            self._progress(num_requests, phase or f"c={concurrency}")
+
+        async def user() -> None:
+            nonlocal sent
+            while (num_requests is None or sent < num_requests) and (
+                deadline is None or self.now() < deadline
+            ):
+                sent += 1
+                await self.one(phase)
+
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        return self.results[first:]
+
+    async def open_loop(
+        self, rate: float, duration: float | None = None, num_requests: int | None = None,
+        phase: str = "",
+    ) -> list[RequestResult]:
+        """Poisson arrivals at `rate` per wall second; waits for all of them to finish."""
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        if num_requests is None and duration is None:
+            raise ValueError("open_loop needs num_requests or duration")
+        first = len(self.results)
+        if phase == "" or self._bar is None:
+            self._progress(num_requests, phase or f"rate={rate:g}/s")
+        tasks: list[asyncio.Task[RequestResult]] = []
+        start = self.now()
+        next_at = start
+        while num_requests is None or len(tasks) < num_requests:
+            next_at += self._rng.expovariate(rate)
+            if duration is not None and next_at >= start + duration:
+                break
+            delay = next_at - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(self.one(phase)))
+        await asyncio.gather(*tasks)
+        return self.results[first:]
+
+    async def trace(self, phases: Sequence[Phase],
+                    control: ControlHook | None = None) -> list[RequestResult]:
+        """Run phases back to back in simulated time (scaled by `time_scale`).
+
+        A phase's users stop starting requests at its end, but the next phase begins at
+        once: requests still running overlap into it, as they would in real traffic.
+        """
+        first = len(self.results)
+        self._progress(None, "trace")
+        running: list[asyncio.Task[list[RequestResult]]] = []
+        for phase in phases:
+            if control is not None and phase.control:
+                await control(phase)
+            wall = phase.duration_s * self.time_scale
+            if phase.concurrency is not None:
+                job = self.closed_loop(phase.concurrency, duration=wall, phase=phase.name)
+            else:
+                assert phase.rate is not None
+                job = self.open_loop(phase.rate / self.time_scale, duration=wall,
+                                     phase=phase.name)
+            running.append(asyncio.create_task(job))
+            await asyncio.sleep(wall)
+        await asyncio.gather(*running)
+        return self.results[first:]

@@ -1,0 +1,204 @@
+"""The processes a scenario needs: simulated GPU groups, routers, a peer router.
+
+Each scenario starts what it measures on free loopback ports and stops it afterwards,
+so one command gives a complete, repeatable run. Output of every child goes to a temp
+file (an undrained pipe would block a chatty child) and is shown when it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import httpx
+import psutil
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and all its children (uvicorn workers),
+    read from /proc through psutil."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+@dataclass
+class Child:
+    """One started process and its log."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
+
+    def start(self) -> Child:
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.argv, cwd=REPO_ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def output(self, tail: int = 4000) -> str:
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-tail:]
+
+    def wait_http(self, url: str, timeout: float = 60.0) -> None:
+        """Poll `url` until it answers below 500; fail early if the process died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited early (rc {self.proc.returncode}):\n"
+                                   f"{self.output()}")
+            try:
+                if httpx.get(url, timeout=2.0).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name}: {url} did not answer in {timeout:.0f}s:\n"
+                           f"{self.output()}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        try:
+            self._terminate(timeout)
+        finally:
+            if self.log is not None:
+                self.log.close()
+                self.log = None
+
+    def _terminate(self, timeout: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout)
+        except ProcessLookupError:
+            pass
+
+
+def specrouter_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "specrouter", *args]
+
+
+@dataclass
+class SimGroup:
+    group: str
+    eagle_url: str
+    baseline_url: str
+    child: Child
+
+    def backends(self) -> list[dict[str, str]]:
+        """This group as router backends (the `SPECROUTER_BACKENDS` shape)."""
+        return [
+            {"name": f"{self.group}-eagle", "url": self.eagle_url, "pool": "eagle",
+             "group": self.group},
+            {"name": f"{self.group}-baseline", "url": self.baseline_url, "pool": "baseline",
+             "group": self.group},
+        ]
+
+    def urls(self) -> dict[str, str]:
+        return {"eagle": self.eagle_url, "baseline": self.baseline_url}
+
+
+@dataclass
+class RouterProc:
+    url: str
+    child: Child
+
+
+class Stack:
+    """Starts children and stops them all, last first, on exit (even after an error)."""
+
+    def __init__(self) -> None:
+        self.children: list[Child] = []
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        self.children.clear()
+
+    def start(self, child: Child) -> Child:
+        self.children.append(child.start())
+        return child
+
+    def sim_group(self, group: str, profile: str, time_scale: float, seed: int = 7,
+                  extra_args: Sequence[str] = ()) -> SimGroup:
+        eagle_port, baseline_port = free_port(), free_port()
+        child = self.start(Child(f"sim {group}", specrouter_argv(
+            "sim", "--group", group, "--eagle-port", str(eagle_port),
+            "--baseline-port", str(baseline_port), "--profile", profile,
+            "--time-scale", repr(time_scale), "--seed", str(seed), "--host", "127.0.0.1",
+            *extra_args)))
+        sim = SimGroup(group, f"http://127.0.0.1:{eagle_port}",
+                       f"http://127.0.0.1:{baseline_port}", child)
+        child.wait_http(f"{sim.eagle_url}/v1/models")
+        child.wait_http(f"{sim.baseline_url}/v1/models")
+        return sim
+
+    def router(self, backends: list[dict[str, Any]], env: dict[str, str] | None = None,
+               extra_args: Sequence[str] = ()) -> RouterProc:
+        port = free_port()
+        child = self.start(Child("specrouter serve", specrouter_argv(
+            "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+            *extra_args), env={"SPECROUTER_BACKENDS": json.dumps(backends), **(env or {})}))
+        url = f"http://127.0.0.1:{port}"
+        child.wait_http(f"{url}/health")
+        return RouterProc(url, child)
+
+
+def served_model(base_url: str) -> str:
+    """The first model id a server lists (what requests must name)."""
+    data = httpx.get(f"{base_url}/v1/models", timeout=10.0).json()
+    return str(data["data"][0]["id"])
+
+
+def sim_control(base_url: str, fields: dict[str, Any]) -> None:
+    """POST /sim/control on one simulated engine (faults, accept length)."""
+    response = httpx.post(f"{base_url}/sim/control", json=fields, timeout=10.0)
+    if response.status_code >= 300:
+        raise RuntimeError(f"{base_url}/sim/control {fields}: HTTP {response.status_code} "
+                           f"{response.text[:200]}")

@@ -1,0 +1,7 @@
+"""One-command benchmark scenarios: each starts the processes it measures and stops them.
+
+- `sweep`: closed-loop concurrency levels for eagle-only, baseline-only and the router.
+- `trace`: phased traces (load bursts, accept-length shifts) scored on goodput.
+- `overhead`: the router's added latency and CPU cost against direct calls.
+- `peer`: the same overhead measurement for the SGLang model gateway.
+"""

@@ -1,0 +1,204 @@
+"""`overhead`: what the router costs: added TTFT, CPU per request, highest request rate.
+
+One simulated engine with (nearly) zero step cost, so latency is all HTTP and proxy
+work. Phases alternate direct and through the router (direct, router, direct, ...) so
+slow drift on the host (other work on the same 2 cores) cancels out. Reported: TTFT
+p50/p90/p99 of each path and their difference, the router's CPU seconds per streamed
+request (user + system from /proc), and the highest request rate it sustained with one
+worker (and N workers sharing state through Redis, when `serve --workers` exists).
+The `peer` scenario runs the same measurement with another router in the router's seat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from loadtest.generator import LoadGenerator
+from loadtest.metrics import RequestResult, percentile, summarize, write_json
+from loadtest.procs import Child, SimGroup, Stack, free_port, served_model
+from loadtest.promptset import RequestShape, load_prompts
+from loadtest.scenarios.common import CpuWatch, run_async
+
+DEFAULT_TIME_SCALE = 1.0
+P50_TARGET_MS = 1.0
+P99_TARGET_MS = 5.0
+SIM_PROFILE_DIR = Path(__file__).resolve().parents[2] / "specrouter" / "sim" / "profiles"
+
+
+@dataclass
+class OverheadSettings:
+    concurrency: int = 100
+    rounds: int = 3
+    seconds: float = 6.0  # per phase
+    output_tokens: int = 16
+    input_tokens: int = 64
+    step_cost_factor: float = 0.01  # the sim profile's time_factor: near-zero step cost
+    rate_concurrency: int = 128  # closed loop with 1-token requests for the rate test
+    rate_seconds: float = 5.0
+    workers: int = 2  # N for the multi-worker rate, when supported
+    seed: int = 7
+    progress: bool = False
+    out_dir: str | None = None
+
+
+def zero_cost_profile(factor: float) -> Path:
+    """A copy of the seed-coding profile with every step cost multiplied by `factor`
+    and no prefill cost, written to a temp file (the sim takes any profile path)."""
+    raw = json.loads((SIM_PROFILE_DIR / "seed-coding.json").read_text(encoding="utf-8"))
+    raw["step_table"] = str(SIM_PROFILE_DIR / raw["step_table"])
+    raw["time_factor"] = factor * float(raw.get("time_factor", 1.0))
+    raw["prefill"] = {**raw.get("prefill", {}), "base_ms": 0.0, "per_token_ms": 0.0}
+    raw["name"] = "near-zero-cost"
+    path = Path(tempfile.mkdtemp(prefix="loadtest-")) / "near-zero-cost.json"
+    path.write_text(json.dumps(raw), encoding="utf-8")
+    return path
+
+
+RouterStarter = Callable[[Stack, SimGroup], tuple[str, int]]
+
+
+def start_specrouter(stack: Stack, sim: SimGroup) -> tuple[str, int]:
+    """The router in front of the one EAGLE engine, so both paths reach the same engine."""
+    backends = [{"name": "gpu0-eagle", "url": sim.eagle_url, "pool": "eagle",
+                 "group": "gpu0"}]
+    router = stack.router(backends)
+    return router.url, router.child.pid
+
+
+async def _closed(url: str, shape: RequestShape, s: OverheadSettings, concurrency: int,
+                  seconds: float, phase: str) -> list[RequestResult]:
+    async with LoadGenerator(url, shape, load_prompts(), seed=s.seed,
+                             progress=s.progress) as gen:
+        return await gen.closed_loop(concurrency, duration=seconds, phase=phase)
+
+
+def _ms(values: list[float], q: float) -> float:
+    return percentile(values, q) * 1e3
+
+
+def added_latency(s: OverheadSettings, shape: RequestShape, direct_url: str,
+                  router_url: str, router_pid: int) -> dict[str, Any]:
+    run_async(_closed(direct_url, shape, s, s.concurrency, 1.0, "warm"))
+    run_async(_closed(router_url, shape, s, s.concurrency, 1.0, "warm"))
+    direct: list[RequestResult] = []
+    routed: list[RequestResult] = []
+    router_cpu = 0.0
+    for _ in range(s.rounds):
+        direct += run_async(_closed(direct_url, shape, s, s.concurrency, s.seconds, "direct"))
+        watch = CpuWatch({"router": router_pid})
+        routed += run_async(_closed(router_url, shape, s, s.concurrency, s.seconds, "router"))
+        router_cpu += watch.cpu_used("router")
+    d = [r.ttft for r in direct if r.ok and r.ttft is not None]
+    r = [x.ttft for x in routed if x.ok and x.ttft is not None]
+    out: dict[str, Any] = {
+        "concurrency": s.concurrency,
+        "requests_direct": len(d), "requests_router": len(r),
+        "errors_direct": sum(not x.ok for x in direct),
+        "errors_router": sum(not x.ok for x in routed),
+        "router_cpu_ms_per_request": router_cpu / max(1, len(r)) * 1e3,
+    }
+    for q in (0.5, 0.9, 0.99):
+        label = f"p{round(q * 100)}"
+        out[f"ttft_{label}_direct_ms"] = _ms(d, q)
+        out[f"ttft_{label}_router_ms"] = _ms(r, q)
+        out[f"added_{label}_ms"] = _ms(r, q) - _ms(d, q)
+    out["meets_p50"] = out["added_p50_ms"] < P50_TARGET_MS
+    out["meets_p99"] = out["added_p99_ms"] < P99_TARGET_MS
+    return out
+
+
+def max_rate(s: OverheadSettings, model: str, url: str, pid: int) -> dict[str, Any]:
+    """Completed requests/s of 1-token streams at high concurrency, with the CPU each
+    process used: a rate reached while the router is below a full core per worker is
+    a lower bound (the simulator or the load generator ran out of CPU first)."""
+    shape = RequestShape(model, 16, 1)
+    watch = CpuWatch({"target": pid})
+    results = run_async(_closed(url, shape, s, s.rate_concurrency, s.rate_seconds, "rate"))
+    shares = watch.shares()
+    summary = summarize(results)
+    cpu = watch.cpu_used("target")
+    done = max(1, summary["completed"])
+    return {"req_s": summary["req_s"], "errors": summary["errors"],
+            "cpu_cores": shares, "cpu_ms_per_request": cpu / done * 1e3,
+            "cpu_bound_req_s_per_core": done / cpu if cpu > 0 else None}
+
+
+def serve_supports_workers() -> bool:
+    help_text = subprocess.run([sys.executable, "-m", "specrouter", "serve", "--help"],
+                               capture_output=True, text=True, timeout=60).stdout
+    return "--workers" in help_text
+
+
+def multi_worker_rate(s: OverheadSettings, model: str, sim: SimGroup,
+                      stack: Stack) -> dict[str, Any]:
+    if not serve_supports_workers():
+        return {"measured": False, "why": "`specrouter serve --workers` does not exist yet"}
+    redis = shutil.which("redis-server")
+    if redis is None:
+        return {"measured": False, "why": "no redis-server binary"}
+    port = free_port()
+    redis_child = stack.start(Child("redis", [redis, "--port", str(port), "--save", "",
+                                              "--appendonly", "no"]))
+    del redis_child
+    backends = [{"name": "gpu0-eagle", "url": sim.eagle_url, "pool": "eagle",
+                 "group": "gpu0"}]
+    try:
+        router = stack.router(backends, env={"SPECROUTER_REDIS_URL": f"redis://127.0.0.1:{port}"},
+                              extra_args=["--workers", str(s.workers)])
+    except RuntimeError as exc:
+        return {"measured": False, "why": f"router with --workers failed: {str(exc)[:300]}"}
+    return {"measured": True, "workers": s.workers,
+            **max_rate(s, model, router.url, router.child.pid)}
+
+
+def measure(s: OverheadSettings, starter: RouterStarter = start_specrouter,
+            multi_worker: bool = True) -> dict[str, Any]:
+    profile = zero_cost_profile(s.step_cost_factor)
+    with Stack() as stack:
+        sim = stack.sim_group("gpu0", str(profile), 1.0, s.seed)
+        model = served_model(sim.eagle_url)
+        url, pid = starter(stack, sim)
+        shape = RequestShape(model, s.input_tokens, s.output_tokens)
+        result: dict[str, Any] = {
+            "settings": asdict(s),
+            "summary": added_latency(s, shape, sim.eagle_url, url, pid),
+            "rate_direct": max_rate(s, model, sim.eagle_url, sim.child.pid),
+            "rate_1_worker": max_rate(s, model, url, pid),
+        }
+        if multi_worker:
+            result["rate_n_workers"] = multi_worker_rate(s, model, sim, stack)
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=6.0, help="per phase")
+    parser.add_argument("--workers", type=int, default=2)
+
+
+def settings_from_args(args: argparse.Namespace) -> OverheadSettings:
+    s = OverheadSettings(concurrency=args.concurrency, rounds=args.rounds,
+                         seconds=args.seconds, workers=args.workers, seed=args.seed,
+                         progress=not args.no_progress, out_dir=args.out)
+    if args.quick:
+        s.rounds, s.seconds, s.rate_seconds = 1, 2.0, 2.0
+    return s
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    s = settings_from_args(args)
+    result = {"scenario": "overhead", **measure(s)}
+    if s.out_dir:
+        Path(s.out_dir).mkdir(parents=True, exist_ok=True)
+        write_json(Path(s.out_dir) / "overhead.json", result)
+    return result

@@ -1,0 +1,67 @@
+"""`peer`: the overhead measurement for the SGLang model gateway (PyPI `sglang-router`).
+
+Same simulated engine, same client, same phases as `overhead`; only the process in the
+router's seat changes, so the report can put the two side by side. The gateway is the
+Rust router SGLang ships: `python -m sglang_router.launch_router --worker-urls URL`
+(round-robin policy over the one worker; its Prometheus port is moved to a free port so
+runs do not collide). When the package is missing the result says "not measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+from loadtest.metrics import write_json
+from loadtest.procs import Child, SimGroup, Stack, free_port
+from loadtest.scenarios import overhead
+
+DEFAULT_TIME_SCALE = 1.0
+PEER_NAME = "sglang-router (SGLang model gateway)"
+
+
+def peer_available() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def peer_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang-router")
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def start_sglang_router(stack: Stack, sim: SimGroup) -> tuple[str, int]:
+    port = free_port()
+    child = stack.start(Child("sglang-router", [
+        sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+        "--port", str(port), "--worker-urls", sim.eagle_url, "--policy", "round_robin",
+        "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
+        "--log-level", "warn"]))
+    url = f"http://127.0.0.1:{port}"
+    child.wait_http(f"{url}/health", timeout=120.0)
+    return url, child.pid
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    s = overhead.settings_from_args(args)
+    result: dict[str, Any] = {"scenario": "peer", "peer": PEER_NAME, "version": peer_version()}
+    if not peer_available():
+        result["measured"] = False
+        result["why"] = "sglang-router is not installed (pip install '.[bench]')"
+    else:
+        result["measured"] = True
+        result.update(overhead.measure(s, starter=start_sglang_router, multi_worker=False))
+    if s.out_dir:
+        Path(s.out_dir).mkdir(parents=True, exist_ok=True)
+        write_json(Path(s.out_dir) / "peer.json", result)
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    overhead.add_arguments(parser)
