@@ -1,0 +1,90 @@
+"""The telemetry poller against a simulated SGLang group over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+
+from specrouter.loadview import LoadView
+from specrouter.telemetry import TelemetryPoller, TelemetryTarget
+from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv
+
+KEY = "sim-key-123"
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def hold_requests(url: str, n: int) -> list[asyncio.Task[None]]:
+    """Start `n` long streaming chats and keep them open until cancelled."""
+
+    async def one() -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 100000, "ignore_eos": True, "stream": True}
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(timeout=60.0, headers=headers) as client, \
+                client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            async for _ in r.aiter_raw():
+                pass
+
+    return [asyncio.create_task(one()) for _ in range(n)]
+
+
+async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
+    lv = LoadView(poll_interval=0.1)
+    lv.add_backend("e", "gpu0", "eagle")
+    lv.add_backend("b", "gpu0", "baseline")
+    lv.add_backend("e-nokey", "probe", "eagle")
+    poller = TelemetryPoller(
+        [TelemetryTarget("e", eagle, KEY, speculative=True), TelemetryTarget("b", base, KEY),
+         TelemetryTarget("e-nokey", eagle, None, speculative=True)],
+        lv.publish, lv.publish_accept_length, interval=0.1)
+    async with poller:
+        await until(lambda: all(b.sample is not None for b in lv.backends.values()),
+                    "a first sample from every target")
+        # With the key /v1/loads answers; without it only the auth-exempt /metrics does.
+        assert poller.source_of("e") == "v1_loads" and poller.source_of("b") == "v1_loads"
+        assert poller.source_of("e-nokey") == "metrics"
+        assert "sim-key" not in repr(poller.targets)
+
+        tasks = await hold_requests(eagle, 5)
+        try:
+            await until(lambda: lv.backend_view("e", time.monotonic()).load("engine") >= 5,
+                        "the engine to report 5 requests")
+            await until(lambda: lv.group_view("gpu0", time.monotonic()).eagle_accept()[0]
+                        is not None, "a live accept length")
+            accept = lv.group_view("gpu0", time.monotonic()).eagle_accept()[0]
+            assert accept is not None and 1.0 < accept < 10.0
+            assert lv.backend_view("b", time.monotonic()).load("engine") == 0.0
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await until(lambda: lv.backend_view("e", time.monotonic()).load("engine") == 0,
+                    "aborted requests to leave the engine")
+
+        # The servers go away: no new samples, the view goes stale and falls back.
+        await asyncio.to_thread(sim.stop)
+        await until(lambda: lv.backend_view("e", time.monotonic()).stale, "staleness")
+        await until(lambda: poller.source_of("e") is None, "a failed poll")
+        assert int(str(poller.stats()["e"]["errors"])) > 0
+        assert lv.stale_reads()["e"] > 0
+
+
+def test_poller_reads_simulated_group(process_factory: list[ManagedProcess]) -> None:
+    pe, pb = free_port(), free_port()
+    sim = ManagedProcess(specrouter_argv(
+        "sim", "--eagle-port", str(pe), "--baseline-port", str(pb), "--api-key", KEY,
+        "--time-scale", "0.2", "--seed", "3"))
+    process_factory.append(sim.start())
+    eagle, base = f"http://127.0.0.1:{pe}", f"http://127.0.0.1:{pb}"
+    sim.wait_http(eagle + "/metrics", 60).wait_http(base + "/metrics", 60)
+    asyncio.run(scenario(sim, eagle, base))
