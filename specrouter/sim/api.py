@@ -502,40 +502,65 @@ async def get_load(request: Request) -> Response:
                            "num_waiting_reqs": waiting, "num_tokens": engine.used_tokens()}])
 
 
-def _load_entry(engine: Engine) -> dict[str, Any]:
+LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+KV_BYTES_PER_TOKEN = 131072  # Llama-3.1-8B: 32 layers x 8 KV heads x 128 dims x (K,V) x bf16
+
+
+def _load_entry(engine: Engine, include: frozenset[str]) -> dict[str, Any]:
+    """One GetLoadsReqOutput as SGLang's /v1/loads renders it: None sections left out."""
     snap, cap = engine.loads, engine.limits.kv_capacity_tokens
-    entry: dict[str, Any] = {
-        "dp_rank": 0, "num_running_reqs": snap.num_running_reqs,
-        "num_waiting_reqs": snap.num_waiting_reqs, "num_used_tokens": snap.num_used_tokens,
-        "max_total_num_tokens": cap, "max_running_requests": engine.limits.max_running_requests,
-        "token_usage": round(snap.num_used_tokens / cap, 4), "gen_throughput":
-        round(snap.gen_throughput, 2), "cache_hit_rate": 0.0, "utilization":
-        round(snap.num_running_reqs / engine.limits.max_running_requests, 4),
-    }
-    if engine.is_eagle:
+    everything = "all" in include
+    entry: dict[str, Any] = {"dp_rank": 0}
+    if everything or "core" in include:
+        entry.update({
+            "num_running_reqs": snap.num_running_reqs, "num_waiting_reqs": snap.num_waiting_reqs,
+            "num_used_tokens": snap.num_used_tokens, "num_total_tokens": snap.num_used_tokens,
+            "max_total_num_tokens": cap, "token_usage": round(snap.num_used_tokens / cap, 4),
+            "gen_throughput": round(snap.gen_throughput, 2), "cache_hit_rate": 0.0,
+            "utilization": round(snap.num_running_reqs / engine.limits.max_running_requests, 4),
+            "max_running_requests": engine.limits.max_running_requests,
+        })
+    if everything or "memory" in include:
+        entry["memory"] = {"weight_gb": 16.06, "kv_cache_gb": round(
+            cap * KV_BYTES_PER_TOKEN / 2**30, 2), "graph_gb": 0.5, "token_capacity": cap}
+    if engine.is_eagle and (everything or "spec" in include):
         drafts = engine.profile.draft.num_draft_tokens - 1
         entry["speculative"] = {
             "accept_length": round(snap.accept_length, 4),
             "accept_rate": round(max(0.0, (snap.accept_length - 1) / drafts), 4)
             if snap.accept_length else 0.0,
         }
-    entry["queues"] = {"waiting": snap.num_waiting_reqs, "grammar": 0, "paused": 0,
-                       "retracted": 0}
+    if everything or "queues" in include:
+        entry["queues"] = {"waiting": snap.num_waiting_reqs, "grammar": 0, "paused": 0,
+                           "retracted": 0}
+    if "num_running_reqs" in entry:
+        entry["num_total_reqs"] = entry["num_running_reqs"] + entry["num_waiting_reqs"]
     return entry
 
 
+def _aggregate(entry: dict[str, Any]) -> dict[str, Any]:
+    running, waiting = entry.get("num_running_reqs", 0), entry.get("num_waiting_reqs", 0)
+    return {"total_running_reqs": running, "total_waiting_reqs": waiting,
+            "total_reqs": running + waiting, "avg_token_usage": entry.get("token_usage", 0.0),
+            "avg_throughput": entry.get("gen_throughput", 0.0),
+            "avg_utilization": entry.get("utilization", 0.0)}
+
+
 async def v1_loads(request: Request) -> Response:
+    """GET /v1/loads?include=core,spec,...&dp_rank=N (SGLang's entrypoints/v1_loads.py)."""
     engine: Engine = request.app.state.sim.engine
-    entry = _load_entry(engine)
+    raw = request.query_params.get("include")
+    include = frozenset(s.strip() for s in raw.split(",")) if raw else frozenset({"all"})
+    invalid = include - LOAD_SECTIONS
+    if invalid:
+        return error_response(f"Invalid include sections: {sorted(invalid)}. "
+                              f"Valid options: {sorted(LOAD_SECTIONS)}")
+    dp_rank = request.query_params.get("dp_rank")
+    entries = [_load_entry(engine, include)] if dp_rank in (None, "0") else []
     return json_response({
         "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
-        "version": SGLANG_VERSION, "dp_rank_count": 1, "loads": [entry],
-        "aggregate": {"total_running_reqs": entry["num_running_reqs"],
-                      "total_waiting_reqs": entry["num_waiting_reqs"],
-                      "total_reqs": entry["num_running_reqs"] + entry["num_waiting_reqs"],
-                      "avg_token_usage": entry["token_usage"],
-                      "avg_throughput": entry["gen_throughput"],
-                      "avg_utilization": entry["utilization"]},
+        "version": SGLANG_VERSION, "dp_rank_count": len(entries), "loads": entries,
+        "aggregate": _aggregate(entries[0]) if entries else _aggregate({}),
     })
 
 

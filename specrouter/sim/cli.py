@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"require Authorization: Bearer KEY (default: ${API_KEY_ENV}; "
                         "prefer the variable, a command line is visible to other users)")
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--max-running-requests", type=int, default=None,
+                        help="override the profile's batch-slot limit on every engine")
     parser.add_argument("--max-queued-requests", type=int, default=None,
                         help="answer 503 when this many requests wait (SGLang's option)")
 
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         _run_loop(serve_group(profile, specs, host=args.host, group=args.group,
                            time_scale=args.time_scale, seed=args.seed, api_key=args.api_key,
                            served_model_name=args.served_model_name,
-                           max_queued_requests=args.max_queued_requests))
+                           max_queued_requests=args.max_queued_requests,
+                           max_running_requests=args.max_running_requests))
     except OSError as exc:
         print(f"specrouter sim: {exc}", file=sys.stderr)
         return 1

@@ -236,6 +236,7 @@ class Engine:
                 await self._sleep_until(end)
                 self._apply_prefill(chunk, end)
                 self.counters.prefill_steps += 1
+                self.loads = self._snapshot()  # SGLang publishes on every prefill batch
             elif self.running:
                 batch = list(self.running)
                 ctx = sum(r.prompt_tokens + r.generated for r in batch) / len(batch)

@@ -20,7 +20,7 @@ import uvicorn
 from specrouter.sim.api import ServerSettings, SimServer, build_app
 from specrouter.sim.engine import Engine
 from specrouter.sim.gpu import SharedGpu, SimClock
-from specrouter.sim.profile import Profile
+from specrouter.sim.profile import EngineDefaults, Profile
 
 
 class _Server(uvicorn.Server):
@@ -71,13 +71,16 @@ class EngineSpec:
 async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, group: str,
                       time_scale: float, seed: int, api_key: str | None,
                       served_model_name: str | None,
-                      max_queued_requests: int | None = None) -> None:
+                      max_queued_requests: int | None = None,
+                      max_running_requests: int | None = None) -> None:
     clock = SimClock(time_scale)
     gpu = SharedGpu(clock)
     servers: list[_Server] = []
     engines: list[Engine] = []
     for spec in specs:
         limits = profile.eagle if spec.kind == "eagle" else profile.baseline
+        if max_running_requests is not None:
+            limits = EngineDefaults(max_running_requests, limits.kv_capacity_tokens)
         engine = Engine(f"{group}-{spec.kind}", spec.kind, profile, gpu, seed, limits,
                         max_queued_requests)
         settings = ServerSettings(host, spec.port, served_model_name or profile.served_model_name,

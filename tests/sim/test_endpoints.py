@@ -1,0 +1,154 @@
+"""Every SGLang endpoint of the simulator answers with SGLang's fields and status codes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fixtures.sim import SimGroup
+
+LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank"}
+
+
+
+
+@pytest.fixture
+def group(sim_group: Callable[..., SimGroup]) -> SimGroup:
+    return sim_group(time_scale=0.02)
+
+
+def _generate_some(url: str) -> None:
+    body = {"model": "m", "prompt": "hello " * 50, "max_tokens": 60, "ignore_eos": True}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+
+
+def test_info_endpoints(group: SimGroup) -> None:
+    url = group.eagle_url
+    models = httpx.get(f"{url}/v1/models").json()
+    assert models["object"] == "list"
+    model = models["data"][0]
+    assert {"id", "object", "created", "owned_by", "root", "max_model_len"} <= set(model)
+    assert model["owned_by"] == "sglang" and model["object"] == "model"
+    for path in ("/model_info", "/get_model_info"):
+        info = httpx.get(f"{url}{path}").json()
+        assert {"model_path", "tokenizer_path", "is_generation"} <= set(info)
+    _generate_some(url)
+    for path in ("/server_info", "/get_server_info"):
+        info = httpx.get(f"{url}{path}").json()
+        assert info["speculative_algorithm"] == "EAGLE3" and "version" in info
+        assert info["max_running_requests"] == 48
+        assert info["internal_states"][0]["avg_spec_accept_length"] > 1.0
+        assert "last_gen_throughput" in info["internal_states"][0]
+    baseline_info = httpx.get(f"{group.baseline_url}/server_info").json()
+    assert baseline_info["speculative_algorithm"] is None
+    assert "avg_spec_accept_length" not in baseline_info["internal_states"][0]
+
+
+def test_health_and_ready(group: SimGroup) -> None:
+    for pool in ("eagle", "baseline"):
+        assert httpx.get(f"{group.url(pool)}/health", timeout=10).status_code == 200
+        assert httpx.get(f"{group.url(pool)}/health_generate", timeout=10).status_code == 200
+        assert httpx.get(f"{group.url(pool)}/ready").status_code == 200
+
+
+def test_loads_and_get_load(group: SimGroup) -> None:
+    _generate_some(group.eagle_url)
+    loads = httpx.get(f"{group.eagle_url}/v1/loads?include=core,spec,queues").json()
+    assert {"timestamp", "version", "dp_rank_count", "loads", "aggregate"} <= set(loads)
+    entry = loads["loads"][0]
+    for key in ("dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
+                "max_total_num_tokens", "max_running_requests", "token_usage",
+                "gen_throughput", "num_total_reqs"):
+        assert key in entry, key
+    assert entry["speculative"]["accept_length"] > 1.0
+    assert "memory" not in entry  # sections not asked for are left out, as in SGLang
+    base = httpx.get(f"{group.baseline_url}/v1/loads").json()["loads"][0]
+    assert "speculative" not in base and "memory" in base
+    bad = httpx.get(f"{group.eagle_url}/v1/loads?include=bogus")
+    assert bad.status_code == 400 and bad.json()["object"] == "error"
+    load = httpx.get(f"{group.eagle_url}/get_load").json()
+    assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+
+
+def test_metrics_parse_with_sglang_names(group: SimGroup) -> None:
+    _generate_some(group.eagle_url)
+    text = httpx.get(f"{group.eagle_url}/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for gauge in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
+                  "sglang:gen_throughput", "sglang:cache_hit_rate", "sglang:spec_accept_length",
+                  "sglang:spec_accept_rate"):
+        assert families[gauge].type == "gauge", gauge
+        assert set(families[gauge].samples[0].labels) == LABELS
+    samples = {s.name: s for f in families.values() for s in f.samples}
+    assert samples["sglang:num_requests_total"].value >= 1
+    assert samples["sglang:generation_tokens_total"].value >= 60
+    assert samples["sglang:prompt_tokens_total"].value >= 75
+    assert samples["sglang:num_aborted_requests_total"].value == 0
+    assert samples["sglang:spec_accept_length"].value > 1.0
+    for hist in ("sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds",
+                 "sglang:e2e_request_latency_seconds"):
+        assert families[hist].type == "histogram"
+        assert samples[f"{hist}_count"].value >= 1
+
+
+def test_generate_native(group: SimGroup) -> None:
+    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 7,
+                                                                    "ignore_eos": True}}
+    out = httpx.post(f"{group.baseline_url}/generate", json=body, timeout=30).json()
+    assert out["meta_info"]["completion_tokens"] == 7
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
+    assert out["text"]
+    with httpx.stream("POST", f"{group.baseline_url}/generate", json={**body, "stream": True},
+                      timeout=30) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert lines[-2].startswith("data: {") and '"completion_tokens":7' in lines[-2]
+
+
+def test_errors_are_flat(group: SimGroup) -> None:
+    url = f"{group.eagle_url}/v1/chat/completions"
+    bad = httpx.post(url, json={"model": "m"})
+    assert bad.status_code == 400
+    body = bad.json()
+    assert body["object"] == "error" and body["code"] == 400 and body["type"] == "BadRequestError"
+    assert set(body) == {"object", "message", "type", "param", "code"}
+    not_json = httpx.post(url, content=b"{", headers={"content-type": "application/json"})
+    assert not_json.status_code == 400
+    too_long = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                     "max_tokens": 10**7})
+    assert too_long.status_code == 400 and "maximum context length" in too_long.json()["message"]
+
+
+def test_stop_strings_and_eos(group: SimGroup) -> None:
+    url = f"{group.baseline_url}/v1/completions"
+    full = httpx.post(url, json={"model": "m", "prompt": "p", "max_tokens": 40,
+                                 "ignore_eos": True}, timeout=30).json()
+    text = full["choices"][0]["text"]
+    stop = text[10:14]
+    cut = httpx.post(url, json={"model": "m", "prompt": "p", "max_tokens": 40,
+                                "ignore_eos": True, "stop": [stop]}, timeout=30).json()
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["choices"][0]["matched_stop"] == stop
+    assert cut["choices"][0]["text"] == text[:text.index(stop)]
+    # without ignore_eos the profile's output-length distribution decides, capped by max_tokens
+    lengths = {httpx.post(url, json={"model": "m", "prompt": f"q{i}", "max_tokens": 2000},
+                          timeout=60).json()["usage"]["completion_tokens"] for i in range(5)}
+    assert len(lengths) > 1 and max(lengths) <= 2000
+
+
+def test_api_key(sim_group: Callable[..., SimGroup]) -> None:
+    group = sim_group(api_key="sekret-key")
+    url = group.eagle_url
+    denied = httpx.get(f"{url}/v1/models")
+    assert denied.status_code == 401 and denied.json() == {"error": "Unauthorized"}
+    assert httpx.post(f"{url}/v1/chat/completions", json={}).status_code == 401
+    assert httpx.get(f"{url}/v1/models",
+                     headers={"Authorization": "Bearer sekret-key"}).status_code == 200
+    assert httpx.get(f"{url}/metrics").status_code == 200
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    assert "sekret-key" not in " ".join(group.process.argv)
+    assert "sekret-key" not in httpx.get(
+        f"{url}/server_info", headers={"Authorization": "Bearer sekret-key"}).text
