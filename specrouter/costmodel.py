@@ -187,10 +187,12 @@ def model_from_step_table(
 ) -> GroupCostModel:
     """Build a model from measured step costs.
 
-    EAGLE step = verify(B, num_draft_tokens) + steps * draft_step(B), as in
-    shared/calibration/crossover.py. `ctx` selects one context length when the table
-    holds several (required then). The measured draft step used topk 4; topk is kept
-    for the record, the table has no topk axis.
+    EAGLE step = verify(B, W) + steps * draft_step(B), as in shared/calibration/crossover.py,
+    where W is the smallest measured verify width >= num_draft_tokens (the simulator's
+    rule, so predictions match its physics). `ctx` selects one context length when the
+    table holds several (required then); a ctx that was not measured takes the nearest
+    measured one. The measured draft step used topk 4; topk is kept for the record, the
+    table has no topk axis.
     """
     rows = list(rows)
     ctxs = sorted({int(r.get("ctx", 0)) for r in rows})
@@ -198,20 +200,45 @@ def model_from_step_table(
         if len(ctxs) > 1:
             raise ValueError(f"table has several context lengths {ctxs}: pass ctx")
     else:
-        rows = [r for r in rows if int(r.get("ctx", 0)) == ctx]
-        if not rows:
-            raise ValueError(f"no rows with ctx={ctx}; table has {ctxs}")
-    verify_key = f"target_q{draft.num_draft_tokens}_ms"
+        nearest = min(ctxs, key=lambda c: (abs(c - ctx), c))
+        rows = [r for r in rows if int(r.get("ctx", 0)) == nearest]
+    verify_key = _verify_column(rows, draft.num_draft_tokens)
     missing = [r["batch"] for r in rows if verify_key not in r or "draft_step_ms" not in r]
     if missing:
-        have = sorted(k for k in rows[0] if k.startswith("target_q"))
-        raise ValueError(f"rows for batch {missing} lack {verify_key}/draft_step_ms (have {have})")
+        raise ValueError(f"rows for batch {missing} lack {verify_key} or draft_step_ms")
     base = TableCurve(tuple((float(r["batch"]), float(r["target_q1_ms"])) for r in rows))
     eagle = TableCurve(tuple(
         (float(r["batch"]), float(r[verify_key]) + draft.steps * float(r["draft_step_ms"]))
         for r in rows
     ))
     return GroupCostModel(base, eagle, nominal_accept_length, baseline_max_batch, eagle_max_batch)
+
+
+def _verify_column(rows: Sequence[Mapping[str, Any]], num_draft_tokens: int) -> str:
+    widths = sorted({int(k[len("target_q"):-3]) for r in rows for k in r
+                     if k.startswith("target_q") and k.endswith("_ms") and k != "target_q1_ms"})
+    for w in widths:
+        if w >= num_draft_tokens:
+            return f"target_q{w}_ms"
+    have = [f"target_q{w}_ms" for w in widths]
+    raise ValueError(f"no verify column target_qN_ms with N >= {num_draft_tokens} (have {have})")
+
+
+def model_from_profile(
+    profile: Mapping[str, Any], step_rows: Iterable[Mapping[str, Any]], ctx: int | None = None
+) -> GroupCostModel:
+    """Model of a simulator profile (specrouter/sim/profiles/*.json, already parsed), with
+    its step table rows; draft config, accept length and max running requests come from
+    the profile. Pure: the caller reads both files."""
+    try:
+        draft = DraftConfig(**profile["draft"])
+        accept = float(profile.get("accept_length", 2.0))
+        eagle_max = profile.get("eagle", {}).get("max_running_requests")
+        base_max = profile.get("baseline", {}).get("max_running_requests")
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"profile lacks a usable 'draft' / pool section: {exc}") from None
+    return model_from_step_table(step_rows, draft, ctx=ctx, nominal_accept_length=accept,
+                                 baseline_max_batch=base_max, eagle_max_batch=eagle_max)
 
 
 # --- fitting: calibration sweeps ---------------------------------------------------------

@@ -15,6 +15,7 @@ from specrouter.costmodel import (
     ewma,
     fit_curve,
     fit_group_model,
+    model_from_profile,
     model_from_step_table,
     parse_step_table,
 )
@@ -73,8 +74,8 @@ def test_max_batch_caps_the_batch_and_queues_the_rest() -> None:
 
 def test_table_errors_are_clear() -> None:
     rows = parse_step_table((CALIB / "llama3-8b-ctx2048.jsonl").read_text())
-    with pytest.raises(ValueError, match="target_q5_ms"):
-        model_from_step_table(rows, DraftConfig(3, 1, 5))
+    with pytest.raises(ValueError, match="N >= 17"):
+        model_from_step_table(rows, DraftConfig(3, 1, 17))
     with pytest.raises(ValueError, match="line 2"):
         parse_step_table('{"batch": 1, "target_q1_ms": 5}\nnot json\n')
     with pytest.raises(ValueError, match="pass ctx"):
@@ -195,3 +196,24 @@ def test_group_report_for_policy_endpoint() -> None:
         "throughput_tok_s"]
     dead = group_report(GOODPUT, group(eagle_ok=False, base_ok=False), GroupState(), 5.0)
     assert (dead["choice"], dead["reason"]) == (None, "no_healthy_server")
+
+
+def test_verify_width_rounds_up_and_ctx_takes_nearest() -> None:
+    rows = parse_step_table((CALIB / "llama3-8b-ctx2048.jsonl").read_text())
+    rows += parse_step_table((CALIB / "llama3-8b-ctx8192.jsonl").read_text())
+    m5 = model_from_step_table(rows, DraftConfig(3, 1, 5), ctx=3000, eagle_max_batch=None)
+    m8 = model_from_step_table(rows, DraftConfig(3, 1, 8), ctx=2048, eagle_max_batch=None)
+    assert m5.eagle.ms(16) == m8.eagle.ms(16) == pytest.approx(9.852 + 3 * 0.457)
+    long = model_from_step_table(rows, CHAIN, ctx=9000, eagle_max_batch=None)
+    assert long.baseline.ms(16) == pytest.approx(8.998)  # the ctx 8192 row
+
+
+def test_model_from_simulator_profile() -> None:
+    profile = {"draft": {"steps": 3, "topk": 1, "num_draft_tokens": 4}, "accept_length": 2.5,
+               "eagle": {"max_running_requests": 48},
+               "baseline": {"max_running_requests": 256}}
+    rows = parse_step_table((CALIB / "llama3-8b-ctx2048.jsonl").read_text())
+    m = model_from_profile(profile, rows)
+    assert (m.nominal_accept_length, m.eagle_max_batch, m.baseline_max_batch) == (2.5, 48, 256)
+    with pytest.raises(ValueError, match="draft"):
+        model_from_profile({}, rows)
