@@ -1,0 +1,142 @@
+"""`python -m loadtest.bench --report docs/benchmarks.md [--quick]`: every scenario, then
+the Markdown report and its plots (in an `img/` folder next to the report).
+
+The full run is sized to finish within 30 minutes on 2 cores (the sweep's 42 levels
+dominate); `--quick` is a smoke version of the same pipeline in about a minute or two.
+Raw results (JSON per scenario, CSV per request) go to `--results` (default: a fresh
+temp folder, printed at the end) so the repository only holds the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from loadtest import plots, report
+from loadtest.metrics import write_json
+from loadtest.scenarios import overhead, peer, sweep, trace
+
+SCENARIOS = ("sweep", "trace", "accept-shift", "overhead", "peer")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def sweep_settings(args: argparse.Namespace, out: Path) -> sweep.SweepSettings:
+    s = sweep.SweepSettings(time_scale=args.time_scale, progress=False, out_dir=str(out))
+    if args.quick:
+        s.profiles, s.levels, s.rounds, s.min_requests = ["seed-coding"], [1, 16], 1, 4
+        s.output_tokens, s.input_tokens = 64, 500
+    return s
+
+
+def trace_settings(args: argparse.Namespace, out: Path, name: str) -> trace.TraceSettings:
+    s = trace.TraceSettings(trace=name, time_scale=args.time_scale, progress=False,
+                            out_dir=str(out))
+    if args.quick:
+        s.length_factor, s.output_tokens, s.input_tokens, s.bin_s = 0.1, 64, 500, 2.0
+    return s
+
+
+def overhead_settings(args: argparse.Namespace, out: Path) -> overhead.OverheadSettings:
+    s = overhead.OverheadSettings(out_dir=str(out))
+    if args.quick:
+        s.concurrency, s.rounds, s.seconds, s.rate_seconds, s.rate_concurrency = (
+            20, 1, 1.5, 1.5, 32)
+    return s
+
+
+def _guarded(name: str, job: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """Run one scenario; a failure is logged and leaves the others (and the report) intact."""
+    started = time.monotonic()
+    log(f"== {name}")
+    try:
+        result = job()
+    except Exception:
+        log(f"{name} FAILED:\n{traceback.format_exc()}")
+        return None
+    log(f"== {name} done in {time.monotonic() - started:.0f} s")
+    return result
+
+
+def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    wanted = set(args.only.split(",")) if args.only else set(SCENARIOS)
+    results: dict[str, Any] = {}
+    jobs: list[tuple[str, str, Callable[[], dict[str, Any]]]] = [
+        ("sweep", "sweep", lambda: sweep.run_sweep(sweep_settings(args, out), log)),
+        ("trace", "trace:burst",
+         lambda: trace.run_trace(trace_settings(args, out, "burst"), log)),
+        ("accept-shift", "trace:accept-shift",
+         lambda: trace.run_trace(trace_settings(args, out, "accept-shift"), log)),
+        ("overhead", "overhead",
+         lambda: {"scenario": "overhead", **overhead.measure(overhead_settings(args, out))}),
+        ("peer", "peer", lambda: _peer(args, out)),
+    ]
+    for name, key, job in jobs:
+        if name in wanted:
+            result = _guarded(name, job)
+            if result is not None:
+                results[key] = result
+                write_json(out / f"{key.replace(':', '-')}.json", result)
+    return results
+
+
+def _peer(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    result: dict[str, Any] = {"scenario": "peer", "peer": peer.PEER_NAME,
+                              "version": peer.peer_version()}
+    if not peer.peer_available():
+        return {**result, "why": "sglang-router not installed (pip install '.[bench]')"}
+    return {**result, **overhead.measure(overhead_settings(args, out),
+                                         starter=peer.start_sglang_router, multi_worker=False)}
+
+
+def make_plots(results: dict[str, Any], img_dir: Path, report_dir: Path) -> dict[str, str]:
+    images: dict[str, str] = {}
+    if "sweep" in results:
+        for profile, configs in results["sweep"]["profiles"].items():
+            path = plots.sweep_plot(profile, configs, img_dir / f"sweep-{profile}.png")
+            images[profile] = str(path.relative_to(report_dir))
+    for key, value in results.items():
+        if key.startswith("trace:"):
+            path = plots.trace_plot(value, img_dir / f"trace-{key.split(':', 1)[1]}.png")
+            images[key] = str(path.relative_to(report_dir))
+    return images
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench", description=__doc__)
+    parser.add_argument("--report", default="docs/benchmarks.md")
+    parser.add_argument("--quick", action="store_true", help="fast smoke version")
+    parser.add_argument("--results", help="folder for raw JSON/CSV (default: a temp folder)")
+    parser.add_argument("--time-scale", type=float, default=0.1,
+                        help="simulator --time-scale of the sweep and traces")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--status", default="",
+                        help="a status line printed at the top of the report")
+    args = parser.parse_args(argv)
+    started_wall = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
+    started = time.monotonic()
+    out = Path(args.results or tempfile.mkdtemp(prefix="specrouter-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    results = run_all(args, out)
+    report_path = Path(args.report)
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    images = make_plots(results, report_path.parent / "img", report_path.parent)
+    command = "python -m loadtest.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    text = report.render(results, images, [command.strip()], args.status, started_wall,
+                         time.monotonic() - started)
+    report_path.write_text(text, encoding="utf-8")
+    log(f"wrote {report_path} (raw results in {out})")
+    return 0 if results else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

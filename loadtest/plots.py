@@ -1,0 +1,92 @@
+"""PNG plots for the report (matplotlib, Agg backend: no display on a server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+STYLE = {"eagle": ("tab:orange", "o", "eagle-only"),
+         "baseline": ("tab:blue", "s", "baseline-only"),
+         "router": ("tab:green", "D", "specrouter")}
+
+
+def sweep_plot(profile: str, configs: dict[str, Any], path: Path) -> Path:
+    """Throughput and median latency against concurrency, one line per config."""
+    fig, (tput, lat) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for config, data in configs.items():
+        levels = data.get("levels") or []
+        if not levels:
+            continue
+        color, marker, label = STYLE.get(config, ("gray", "x", config))
+        xs = [lv["concurrency"] for lv in levels]
+        tput.plot(xs, [lv["output_tok_s"] for lv in levels], color=color, marker=marker,
+                  label=label)
+        lat.plot(xs, [lv["e2e"]["p50"] for lv in levels], color=color, marker=marker,
+                 label=label)
+    for ax, title, ylabel in ((tput, "output throughput", "tokens/s"),
+                              (lat, "median request latency", "seconds")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests (closed loop)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{profile}: {title}")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def trace_plot(trace: dict[str, Any], path: Path) -> Path:
+    """Goodput over time per config; below, the router's share of new requests sent to
+    EAGLE-3 with its switch events; phase boundaries shaded."""
+    fig, (good, share) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    bin_s = trace["settings"]["bin_s"]
+    for config, data in trace["configs"].items():
+        bins = data.get("timeline") or []
+        if not bins:
+            continue
+        color, _, label = STYLE.get(config, ("gray", "x", config))
+        ts = [b["t"] + bin_s / 2 for b in bins]
+        good.plot(ts, [b["goodput_tok_s"] for b in bins], color=color, label=f"{label} goodput")
+        good.plot(ts, [b["output_tok_s"] for b in bins], color=color, alpha=0.35,
+                  linestyle="--", label=f"{label} throughput")
+    router = trace["configs"].get("router", {})
+    bins = router.get("timeline") or []
+    if bins:
+        pts = [(b["t"] + bin_s / 2, b["eagle_share"]) for b in bins if b["eagle_share"] is not None]
+        share.step([t for t, _ in pts], [v for _, v in pts], where="mid", color="tab:green",
+                   label="share of new requests to EAGLE-3")
+        for event in router.get("switch_events", [])[:200]:
+            share.axvline(event["t"], color="tab:red", alpha=0.25, linewidth=0.8)
+        share.plot([], [], color="tab:red", alpha=0.5, label="switch event")
+    start = 0.0
+    for i, phase in enumerate(trace["phases"]):
+        end = start + phase["duration_s"]
+        for ax in (good, share):
+            if i % 2:
+                ax.axvspan(start, end, color="gray", alpha=0.08)
+        good.text((start + end) / 2, 1.0, phase["name"], transform=good.get_xaxis_transform(),
+                  ha="center", va="bottom", fontsize=8)
+        start = end
+    good.set_ylabel("tokens/s (simulated)")
+    good.grid(True, alpha=0.3)
+    good.legend(fontsize=7, ncol=3, loc="upper right")
+    share.set_ylabel("EAGLE-3 share")
+    share.set_ylim(-0.05, 1.05)
+    share.set_xlabel("time (simulated seconds)")
+    share.grid(True, alpha=0.3)
+    share.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"trace {trace['settings']['trace']} ({trace['settings']['profile']})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,273 @@
+"""The Markdown benchmark report, from the scenarios' result dictionaries.
+
+Every number in it comes from the results passed in; each section names the command
+that produced it, and every target is checked, saying by how much a miss missed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from loadtest.scenarios.overhead import P50_TARGET_MS, P99_TARGET_MS
+from loadtest.scenarios.sweep import LATENCY_TARGET, THROUGHPUT_TARGET
+from loadtest.scenarios.trace import GOODPUT_TARGET
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine() -> str:
+    model, cores = "unknown CPU", 0
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name") and model == "unknown CPU":
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("processor"):
+                    cores += 1
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    return (f"{model}, {cores} logical cores in /proc/cpuinfo ({usable} usable), "
+            f"Python {platform.python_version()}, {platform.system()} {platform.release()}")
+
+
+def git_commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", "specrouter", "loadtest")
+    return commit + (" (with uncommitted changes in specrouter/ or loadtest/)" if dirty else "")
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def _check(ok: bool | None, text: str) -> str:
+    return "n/a" if ok is None else ("met" if ok else f"**missed** ({text})")
+
+
+def sweep_section(sweep: dict[str, Any], images: dict[str, str]) -> tuple[list[str], list[str]]:
+    lines: list[str] = []
+    misses: list[str] = []
+    s = sweep["settings"]
+    lines += ["## Sweep: closed-loop concurrency", "",
+              f"Profiles {', '.join(s['profiles'])}; {s['input_tokens']} input tokens "
+              f"(4 characters per token), {s['output_tokens']} output tokens (ignore_eos); "
+              f"requests per level max({s['rounds']} x concurrency, {s['min_requests']}); "
+              f"simulator --time-scale {s['time_scale']}, all times below converted back to "
+              "simulated seconds. eagle-only and baseline-only go directly to that engine of "
+              "the shared-GPU group (the other engine idles); specrouter goes through "
+              "`specrouter serve` with its default policy.", "",
+              f"Targets: router throughput >= {THROUGHPUT_TARGET}x and median latency <= "
+              f"{LATENCY_TARGET}x the better static pool, at every level.", ""]
+    for profile, configs in sweep["profiles"].items():
+        lines += [f"### {profile}", ""]
+        if profile in images:
+            lines += [f"![sweep {profile}]({images[profile]})", ""]
+        levels = {c: {lv["concurrency"]: lv for lv in d.get("levels", [])}
+                  for c, d in configs.items()}
+        comparison = {row["concurrency"]: row for row in sweep["comparison"].get(profile, [])}
+        has_router = bool(levels.get("router"))
+        head = ["concurrency", "eagle tok/s", "baseline tok/s"]
+        head += ["router tok/s", "router/best tok/s"] if has_router else []
+        head += ["eagle p50 s", "baseline p50 s"]
+        head += ["router p50 s", "router/best p50", "router pools"] if has_router else []
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for c, row in sorted(comparison.items()):
+            e = levels.get("eagle", {}).get(c)
+            b = levels.get("baseline", {}).get(c)
+            r = levels.get("router", {}).get(c)
+            cells = [str(c), _f(e and e["output_tok_s"]), _f(b and b["output_tok_s"])]
+            if has_router:
+                cells += [_f(r and r["output_tok_s"]), _f(row.get("throughput_ratio"), 3)]
+            cells += [_f(e and e["e2e"]["p50"], 2), _f(b and b["e2e"]["p50"], 2)]
+            if has_router:
+                pools = ", ".join(f"{k} {v}" for k, v in (row.get("router_pools") or {}).items())
+                cells += [_f(r and r["e2e"]["p50"], 2), _f(row.get("latency_ratio"), 3),
+                          pools or "n/a"]
+            lines.append("| " + " | ".join(cells) + " |")
+            if "throughput_ratio" in row and not row["meets_throughput"]:
+                misses.append(f"sweep {profile} c={c}: router throughput "
+                              f"{row['throughput_ratio']:.3f}x the better pool "
+                              f"(target {THROUGHPUT_TARGET}x, short by "
+                              f"{THROUGHPUT_TARGET - row['throughput_ratio']:.3f})")
+            if "latency_ratio" in row and not row["meets_latency"]:
+                misses.append(f"sweep {profile} c={c}: router median latency "
+                              f"{row['latency_ratio']:.3f}x the better pool "
+                              f"(target {LATENCY_TARGET}x, over by "
+                              f"{row['latency_ratio'] - LATENCY_TARGET:.3f})")
+        lines.append("")
+        for config, data in configs.items():
+            if data.get("error"):
+                lines += [f"{config}: could not run: `{data['error'].splitlines()[-1][:200]}`",
+                          ""]
+        lines += _cpu_note(configs)
+    return lines, misses
+
+
+def _cpu_note(configs: dict[str, Any]) -> list[str]:
+    peaks: dict[str, float] = {}
+    flagged: list[str] = []
+    for config, data in configs.items():
+        for lv in data.get("levels", []):
+            for name, share in lv.get("cpu_cores", {}).items():
+                peaks[name] = max(peaks.get(name, 0.0), share)
+            if lv.get("saturated"):
+                flagged.append(f"{config} c={lv['concurrency']} ({', '.join(lv['saturated'])})")
+    text = ", ".join(f"{name} {share:.2f}" for name, share in sorted(peaks.items()))
+    line = f"Peak CPU use per process, in cores (does the simulator keep up?): {text}."
+    if flagged:
+        line += " Near a full core at: " + "; ".join(flagged) + " (timings there are suspect)."
+    else:
+        line += " No process came near a full core, so the simulator kept its clock."
+    return [line, ""]
+
+
+def trace_section(trace: dict[str, Any], image: str | None) -> tuple[list[str], list[str]]:
+    s = trace["settings"]
+    phases = ", ".join(
+        f"{p['name']} {p['duration_s']:g} s at "
+        + (f"concurrency {p['concurrency']}" if p["concurrency"] is not None
+           else f"{p['rate']:g} req/s")
+        + (f" with {p['control']}" if p.get("control") else "")
+        for p in trace["phases"])
+    lines = [f"## Trace `{s['trace']}` ({s['profile']})", "",
+             f"Phases: {phases}. SLO: TTFT <= {s['slo_ttft_s']} s and TPOT <= "
+             f"{s['slo_tpot_s'] * 1e3:g} ms; goodput = output tokens of requests meeting "
+             "both, per second of the whole run (simulated time).", ""]
+    if image:
+        lines += [f"![trace {s['trace']}]({image})", ""]
+    lines += ["| config | goodput tok/s | throughput tok/s | SLO met | e2e p50 s | "
+              "TTFT p99 s | errors |", "|---|---|---|---|---|---|---|"]
+    for config, data in trace["configs"].items():
+        if "summary" not in data:
+            lines.append(f"| {config} | could not run | | | | | |")
+            continue
+        m = data["summary"]
+        lines.append(f"| {config} | {_f(m['goodput_tok_s'])} | {_f(m['output_tok_s'])} | "
+                     f"{m['slo_met']}/{m['requests']} | {_f(m['e2e']['p50'], 2)} | "
+                     f"{_f(m['ttft']['p99'], 2)} | {m['errors']} |")
+    lines.append("")
+    misses: list[str] = []
+    cmp = trace["comparison"]
+    ratio = cmp.get("router_vs_best_static")
+    if ratio is not None:
+        ok = ratio >= GOODPUT_TARGET
+        lines += [f"Router goodput / best static pool ({cmp['best_static']}): "
+                  f"**{ratio:.3f}x** (target >= {GOODPUT_TARGET}x: "
+                  f"{_check(ok, f'short by {GOODPUT_TARGET - ratio:.3f}')}).", ""]
+        if not ok:
+            misses.append(f"trace {s['trace']}: router goodput {ratio:.3f}x the best static "
+                          f"pool (target {GOODPUT_TARGET}x, short by "
+                          f"{GOODPUT_TARGET - ratio:.3f})")
+    router = trace["configs"].get("router", {})
+    events = router.get("switch_events")
+    if events is not None:
+        shown = ", ".join(f"{e['t']:.0f} s -> {e['to']}" for e in events[:12])
+        lines += [f"Router switch events (pool of a new request differs from the previous "
+                  f"request's): {len(events)}" + (f"; first: {shown}" if events else "") + ".",
+                  ""]
+    return lines, misses
+
+
+def overhead_section(overhead: dict[str, Any] | None,
+                     peer: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    lines = ["## Overhead: router vs direct, and a peer router", "",
+             "One simulated engine with near-zero step cost (the seed-coding profile with "
+             "step costs x0.01 and no prefill cost, --time-scale 1), closed-loop streaming "
+             "chat completions, phases alternating direct / through the router so host "
+             "drift cancels. CPU per request is user + system time of the router process "
+             "(and its children) from /proc over the routed phases. Max rate: 1-token "
+             "streams at high concurrency; the CPU column says whether the router was the "
+             "bottleneck (near 1 core per worker) or the simulator/load generator was (then "
+             "the rate is a lower bound; the CPU-bound column is 1 / CPU s per request).", ""]
+    misses: list[str] = []
+    rows: list[tuple[str, dict[str, Any]]] = []
+    if overhead:
+        rows.append(("specrouter", overhead))
+    if peer:
+        rows.append((peer.get("peer", "peer") + f" {peer.get('version', '')}", peer))
+    lines += ["| router | streams | added TTFT p50 ms | added TTFT p99 ms | direct TTFT p50 ms"
+              " | router CPU ms/request | max req/s (1 worker) | its CPU cores | CPU-bound "
+              "req/s per core | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, data in rows:
+        if not data.get("summary"):
+            lines.append(f"| {name} | not measured: {data.get('why', 'no result')} "
+                         "| | | | | | | | |")
+            continue
+        m, rate = data["summary"], data.get("rate_1_worker", {})
+        cores = rate.get("cpu_cores", {}).get("target")
+        lines.append(
+            f"| {name} | {m['concurrency']} | {_f(m['added_p50_ms'], 3)} | "
+            f"{_f(m['added_p99_ms'], 3)} | {_f(m['ttft_p50_direct_ms'], 3)} | "
+            f"{_f(m['router_cpu_ms_per_request'], 3)} | {_f(rate.get('req_s'))} | "
+            f"{_f(cores, 2)} | {_f(rate.get('cpu_bound_req_s_per_core'))} | "
+            f"{m['errors_router']} |")
+    lines.append("")
+    if overhead and overhead.get("summary"):
+        m = overhead["summary"]
+        over50 = f"over by {m['added_p50_ms'] - P50_TARGET_MS:.3f} ms"
+        over99 = f"over by {m['added_p99_ms'] - P99_TARGET_MS:.3f} ms"
+        lines += [f"specrouter targets at {m['concurrency']} streams: added p50 < "
+                  f"{P50_TARGET_MS} ms: {_check(m['meets_p50'], over50)}; added p99 < "
+                  f"{P99_TARGET_MS} ms: {_check(m['meets_p99'], over99)}.", ""]
+        if not m["meets_p50"]:
+            misses.append(f"overhead: added TTFT p50 {m['added_p50_ms']:.3f} ms (target < "
+                          f"{P50_TARGET_MS} ms)")
+        if not m["meets_p99"]:
+            misses.append(f"overhead: added TTFT p99 {m['added_p99_ms']:.3f} ms (target < "
+                          f"{P99_TARGET_MS} ms)")
+        direct = overhead.get("rate_direct", {})
+        lines += [f"Direct to the simulator, the same rate test reached {_f(direct.get('req_s'))}"
+                  f" req/s (simulator at {_f(direct.get('cpu_cores', {}).get('target'), 2)} "
+                  "cores).", ""]
+        multi = overhead.get("rate_n_workers", {})
+        if multi.get("measured"):
+            lines += [f"{multi['workers']} workers (Redis mode): {_f(multi['req_s'])} req/s, "
+                      f"{_f(multi['cpu_cores'].get('target'), 2)} cores.", ""]
+        else:
+            lines += [f"N workers: not measured ({multi.get('why', 'not run')}).", ""]
+    return lines, misses
+
+
+def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
+           status: str, started: str, elapsed_s: float) -> str:
+    lines = ["# specrouter benchmarks", "",
+             "Generated by `make bench` (`python -m loadtest.bench --report "
+             "docs/benchmarks.md`); do not edit by hand.", ""]
+    if status:
+        lines += [f"> **Status:** {status}", ""]
+    lines += [f"- Measured: {started} UTC, {elapsed_s / 60:.1f} min in all",
+              f"- Commit: `{git_commit()}`",
+              f"- Machine: {machine()}",
+              "- Engines: the shared-GPU SGLang simulator (`specrouter sim`); the simulator, "
+              "the router(s) and the load generator share this machine's cores.",
+              "- Commands:", *[f"  - `{c}`" for c in commands], ""]
+    body: list[str] = []
+    misses: list[str] = []
+    if "sweep" in results:
+        part, miss = sweep_section(results["sweep"], images)
+        body += part
+        misses += miss
+    for key in sorted(k for k in results if k.startswith("trace:")):
+        part, miss = trace_section(results[key], images.get(key))
+        body += part
+        misses += miss
+    if "overhead" in results or "peer" in results:
+        part, miss = overhead_section(results.get("overhead"), results.get("peer"))
+        body += part
+        misses += miss
+    lines += ["## Targets missed", ""]
+    lines += [f"- {m}" for m in misses] if misses else ["None of the checked targets."]
+    lines += ["", *body]
+    return "\n".join(lines).rstrip() + "\n"
