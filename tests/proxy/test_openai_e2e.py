@@ -15,10 +15,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.fixtures.router import RoutedGroup
 
-PROMPT = [{"role": "user", "content": "Write a function that reverses a list."}]
+PROMPT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Write a function that reverses a list."},
+]
 
 
 @pytest.fixture
@@ -40,7 +43,7 @@ def model_of(g: RoutedGroup) -> str:
 
 def test_chat_non_stream(group: RoutedGroup) -> None:
     raw = client(group).chat.completions.with_raw_response.create(
-        model=model_of(group), messages=PROMPT, max_tokens=12,  # type: ignore[arg-type]
+        model=model_of(group), messages=PROMPT, max_tokens=12,
         extra_headers={"x-request-id": "req-42"},
     )
     completion = raw.parse()
@@ -54,7 +57,7 @@ def test_chat_non_stream(group: RoutedGroup) -> None:
 
 def test_chat_stream_with_include_usage(group: RoutedGroup) -> None:
     stream = client(group).chat.completions.create(
-        model=model_of(group), messages=PROMPT, max_tokens=16, stream=True,  # type: ignore[arg-type]
+        model=model_of(group), messages=PROMPT, max_tokens=16, stream=True,
         stream_options={"include_usage": True},
     )
     text, finish, usage = "", None, None
@@ -84,7 +87,7 @@ def test_chunks_arrive_as_they_are_generated(routed_group: Callable[..., RoutedG
     """No buffering: the first token reaches the client long before the last one."""
     g = routed_group(time_scale=0.5)
     stream = client(g).chat.completions.create(
-        model=model_of(g), messages=PROMPT, max_tokens=40, stream=True,  # type: ignore[arg-type]
+        model=model_of(g), messages=PROMPT, max_tokens=40, stream=True,
         extra_body={"ignore_eos": True},
     )
     start = time.monotonic()
@@ -125,12 +128,12 @@ def test_health_and_ready(group: RoutedGroup) -> None:
 def test_upstream_errors_pass_through(group: RoutedGroup) -> None:
     c, model = client(group), model_of(group)
     with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model=model, messages=PROMPT, max_tokens=10**9)  # type: ignore[arg-type]
+        c.chat.completions.create(model=model, messages=PROMPT, max_tokens=10**9)
     assert "maximum context length" in str(bad.value)
     assert bad.value.response.headers["x-specrouter-pool"] == "eagle"
     group.control("eagle", error_rate=1.0, error_status=500)
     with pytest.raises(openai.InternalServerError) as failed:
-        c.chat.completions.create(model=model, messages=PROMPT, max_tokens=5)  # type: ignore[arg-type]
+        c.chat.completions.create(model=model, messages=PROMPT, max_tokens=5)
     assert failed.value.status_code == 500  # 500 is not retried: it may not be transient
     assert "injected by the simulator" in str(failed.value)
 
@@ -166,7 +169,7 @@ def test_connection_refused_before_first_byte_is_retried_on_baseline(
 ) -> None:
     group.control("eagle", refuse_connections=True)
     raw = client(group).chat.completions.with_raw_response.create(
-        model="m", messages=PROMPT, max_tokens=5,  # type: ignore[arg-type]
+        model="m", messages=PROMPT, max_tokens=5,
     )
     assert raw.parse().choices[0].message.content
     assert raw.headers["x-specrouter-pool"] == "baseline"
@@ -176,13 +179,13 @@ def test_connection_refused_before_first_byte_is_retried_on_baseline(
 def test_503_before_first_byte_is_retried_once(group: RoutedGroup) -> None:
     group.control("eagle", error_rate=1.0, error_status=503)
     stream = client(group).chat.completions.create(
-        model="m", messages=PROMPT, max_tokens=5, stream=True,  # type: ignore[arg-type]
+        model="m", messages=PROMPT, max_tokens=5, stream=True,
     )
     assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
     assert stream.response.headers["x-specrouter-pool"] == "baseline"
     group.control("baseline", error_rate=1.0, error_status=503)
     with pytest.raises(openai.APIStatusError) as both:  # once only: the second 503 stands
-        client(group).chat.completions.create(model="m", messages=PROMPT, max_tokens=5)  # type: ignore[arg-type]
+        client(group).chat.completions.create(model="m", messages=PROMPT, max_tokens=5)
     assert both.value.status_code in (502, 503)
     assert group.state("eagle")["requests"] + group.state("baseline")["requests"] <= 4
 
@@ -201,7 +204,7 @@ def test_mid_stream_failure_ends_with_an_error_event(group: RoutedGroup) -> None
     # Nothing is retried after the first byte: the baseline never saw the request.
     assert group.state("baseline")["requests"] == 0
     stream = client(group).chat.completions.create(
-        model="m", messages=PROMPT, max_tokens=50, stream=True,  # type: ignore[arg-type]
+        model="m", messages=PROMPT, max_tokens=50, stream=True,
         extra_body={"ignore_eos": True},
     )
     with pytest.raises(openai.APIError, match="backend"):
@@ -225,7 +228,7 @@ def test_stalled_backend_hits_the_first_byte_timeout(
 
 def test_backend_api_key_replaces_the_clients(routed_group: Callable[..., RoutedGroup]) -> None:
     g = routed_group(sim_args=("--api-key", "engine-secret"), router_api_key="engine-secret")
-    reply = client(g).chat.completions.create(model="m", messages=PROMPT, max_tokens=4)  # type: ignore[arg-type]
+    reply = client(g).chat.completions.create(model="m", messages=PROMPT, max_tokens=4)
     assert reply.choices[0].message.content
     assert "engine-secret" not in g.router.process.output()
     g.router.wait_idle()
@@ -234,7 +237,7 @@ def test_backend_api_key_replaces_the_clients(routed_group: Callable[..., Routed
 def test_client_authorization_is_forwarded(routed_group: Callable[..., RoutedGroup]) -> None:
     g = routed_group(sim_args=("--api-key", "engine-secret"))
     with pytest.raises(openai.AuthenticationError):
-        client(g).chat.completions.create(model="m", messages=PROMPT, max_tokens=4)  # type: ignore[arg-type]
+        client(g).chat.completions.create(model="m", messages=PROMPT, max_tokens=4)
     good = openai.OpenAI(base_url=g.router.v1, api_key="engine-secret", max_retries=0)
-    assert good.chat.completions.create(model="m", messages=PROMPT, max_tokens=4)  # type: ignore[arg-type]
+    assert good.chat.completions.create(model="m", messages=PROMPT, max_tokens=4)
     g.router.wait_idle()
