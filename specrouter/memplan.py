@@ -69,7 +69,7 @@ class PlanInput:
     eagle: ServerWant
     baseline: ServerWant
     first: Role = "eagle"
-    cuda_context_gib: float = 0.5  # each process's CUDA context, taken before it measures
+    cuda_context_gib: float = 0.52  # each process's CUDA context, taken before it measures
 
 
 @dataclass(frozen=True)
