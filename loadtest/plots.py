@@ -83,7 +83,8 @@ def trace_plot(trace: dict[str, Any], path: Path) -> Path:
     share.set_ylim(-0.05, 1.05)
     share.set_xlabel("time (simulated seconds)")
     share.grid(True, alpha=0.3)
-    share.legend(fontsize=7, loc="lower right")
+    if bins:
+        share.legend(fontsize=7, loc="lower right")
     fig.suptitle(f"trace {trace['settings']['trace']} ({trace['settings']['profile']})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ class TraceSettings:
     output_tokens: int = 256
     seed: int = 7
     slo_ttft_s: float = 2.0
-    slo_tpot_s: float = 0.05
+    slo_tpot_s: float = 0.1
     bin_s: float = 10.0  # timeline bin, simulated seconds
     progress: bool = True
     router_env: dict[str, str] = field(default_factory=dict)
@@ -208,7 +208,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length-factor", type=float, default=1.0,
                         help="multiply every phase duration")
     parser.add_argument("--slo-ttft", type=float, default=2.0, help="seconds (simulated)")
-    parser.add_argument("--slo-tpot", type=float, default=0.05, help="seconds (simulated)")
+    parser.add_argument("--slo-tpot", type=float, default=0.1, help="seconds (simulated)")
     parser.add_argument("--bin", type=float, default=10.0, help="timeline bin, seconds")
 
 
