@@ -53,6 +53,9 @@ class SimServer:
     settings: ServerSettings
     faults: Faults = field(default_factory=Faults)
     listener: Any = None  # specrouter.sim.server.Listener: refuse/accept connections
+    # every engine of the group by kind, so one engine's /sim/control can reach a sibling
+    # whose port is closed by the refuse_connections fault
+    group_servers: dict[str, SimServer] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     metrics: EngineMetrics | None = None
 
@@ -573,7 +576,9 @@ async def metrics(request: Request) -> Response:
 # --- /sim/ control ----------------------------------------------------------------------------
 
 async def sim_control(request: Request) -> Response:
-    server: SimServer = request.app.state.sim
+    """POST /sim/control: faults and accept length of this engine, or of the sibling named by
+    an "engine" field ("eagle" | "baseline")."""
+    own: SimServer = request.app.state.sim
     try:
         body = await _read_json(request)
     except protocol.BadRequest as exc:
@@ -581,6 +586,10 @@ async def sim_control(request: Request) -> Response:
     if not isinstance(body, dict):
         return error_response("control body must be a JSON object")
     fields = dict(body)
+    target = fields.pop("engine", own.engine.kind)
+    server = own.group_servers.get(target) if target != own.engine.kind else own
+    if server is None:
+        return error_response(f"no engine {target!r} in this group")
     try:
         accept = fields.pop("accept_length", None)
         schedule = fields.pop("accept_length_schedule", None)
@@ -593,7 +602,8 @@ async def sim_control(request: Request) -> Response:
     if schedule is not None:
         server.engine.set_accept_schedule(parse_schedule(schedule))
     if "refuse_connections" in fields and server.listener is not None:
-        await server.listener.set_refusing(server.faults.refuse_connections)
+        await server.listener.set_refusing(server.faults.refuse_connections,
+                                           server.faults.refuse_for_s, server.faults)
     return json_response(sim_state(server))
 
 

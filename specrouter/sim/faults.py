@@ -25,6 +25,7 @@ class Faults:
     stall: bool = False  # accept generation requests and never answer them
     cut_stream_after_tokens: int | None = None  # drop the connection mid-stream
     refuse_connections: bool = False  # close the listening socket
+    refuse_for_s: float | None = None  # real seconds until the socket reopens by itself
     slow_health_ms: float = 0.0  # /health, /health_generate, /ready answer this much later
 
     def should_error(self, rng: random.Random) -> bool:
@@ -47,10 +48,19 @@ def apply_control(faults: Faults, fields: dict[str, Any]) -> None:
             if key == "error_rate" and value > 1:
                 raise ControlError("error_rate must be within 0..1")
             updates[key] = float(value)
-        elif key in ("stall", "refuse_connections"):
+        elif key == "stall":
             if not isinstance(value, bool):
                 raise ControlError(f"{key} must be true or false")
             updates[key] = value
+        elif key == "refuse_connections":
+            # true/false, or a number of real seconds after which the port reopens (the way
+            # back when no sibling engine's /sim/control can reach this one)
+            if isinstance(value, bool):
+                updates[key], updates["refuse_for_s"] = value, None
+            elif isinstance(value, int | float) and value > 0:
+                updates[key], updates["refuse_for_s"] = True, float(value)
+            else:
+                raise ControlError("refuse_connections must be true, false or seconds > 0")
         elif key == "cut_stream_after_tokens":
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 0):

@@ -19,6 +19,7 @@ import uvicorn
 
 from specrouter.sim.api import ServerSettings, SimServer, build_app
 from specrouter.sim.engine import Engine
+from specrouter.sim.faults import Faults
 from specrouter.sim.gpu import SharedGpu, SimClock
 from specrouter.sim.profile import EngineDefaults, Profile
 
@@ -38,8 +39,17 @@ class Listener:
         self.host = host
         self.port = port
         self.refusing = False
+        self._reopen: asyncio.TimerHandle | None = None
 
-    async def set_refusing(self, refuse: bool) -> None:
+    async def set_refusing(self, refuse: bool, for_s: float | None = None,
+                           faults: Faults | None = None) -> None:
+        if self._reopen is not None:
+            self._reopen.cancel()
+            self._reopen = None
+        if refuse and for_s is not None:
+            loop = asyncio.get_running_loop()
+            self._reopen = loop.call_later(for_s, lambda: loop.create_task(
+                self._reopen_later(faults)))
         if refuse == self.refusing:
             return
         self.refusing = refuse
@@ -47,6 +57,15 @@ class Listener:
             for srv in self.server.servers:
                 srv.close()
             return
+        await self._listen()
+
+    async def _reopen_later(self, faults: Faults | None) -> None:
+        self._reopen = None
+        if faults is not None:
+            faults.refuse_connections, faults.refuse_for_s = False, None
+        await self.set_refusing(False)
+
+    async def _listen(self) -> None:
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
@@ -77,6 +96,7 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
     gpu = SharedGpu(clock)
     servers: list[_Server] = []
     engines: list[Engine] = []
+    group_servers: dict[str, SimServer] = {}
     for spec in specs:
         limits = profile.eagle if spec.kind == "eagle" else profile.baseline
         if max_running_requests is not None:
@@ -85,7 +105,8 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
                         max_queued_requests)
         settings = ServerSettings(host, spec.port, served_model_name or profile.served_model_name,
                                   api_key, seed, group)
-        sim = SimServer(engine, settings)
+        sim = SimServer(engine, settings, group_servers=group_servers)
+        group_servers[spec.kind] = sim
         config = uvicorn.Config(build_app(sim), host=host, port=spec.port, loop="none",
                                 http="httptools", lifespan="off", log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=1,

@@ -1,0 +1,218 @@
+"""Load behaviour over real HTTP: aborts, admission, the shared GPU, faults, determinism,
+and a time-scaled closed-loop sweep against the seed-coding targets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fixtures.procs import wait_until
+from tests.fixtures.sim import SimEngine, SimGroup
+
+PROMPT_1000 = "x" * 4000  # 1000 prompt tokens at the profiles' 4 characters per token
+
+
+def _completion(url: str, max_tokens: int, prompt: str = "hi", **extra: Any) -> dict[str, Any]:
+    body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, **extra}
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    response.raise_for_status()
+    result: dict[str, Any] = response.json()
+    return result
+
+
+def test_disconnect_aborts_at_once_and_frees_the_slot(sim_engine: Callable[..., SimEngine]
+                                                      ) -> None:
+    engine = sim_engine("eagle", time_scale=0.2, extra_args=("--max-running-requests", "1"))
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 100000,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=30) as first, httpx.Client(timeout=30) as second, \
+            first.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as stream:
+        lines = stream.iter_lines()  # keep a reference: a dropped iterator closes the stream
+        next(lines)  # the role chunk: the request is running
+        with second.stream("POST", f"{engine.url}/v1/chat/completions", json=body):
+            wait_until(lambda: engine.state()["waiting"] == 1, 10, "second request queued")
+            state = engine.state()
+            assert state["running"] == 1 and state["admitted"] == 1
+            closed_at = time.monotonic()
+            stream.close()
+            first.close()
+            wait_until(lambda: engine.state()["aborted"] == 1, 10, "abort counted")
+            state = engine.state()
+            assert state["abort_times"][0] - closed_at < 0.1
+            wait_until(lambda: engine.state()["admitted"] == 2, 10, "queued request admitted")
+            assert engine.state()["waiting"] == 0
+    wait_until(lambda: engine.state()["aborted"] == 2, 10, "second abort counted")
+    metrics = httpx.get(f"{engine.url}/metrics").text
+    assert "sglang:num_aborted_requests_total{" in metrics
+    assert any(line.startswith("sglang:num_aborted_requests_total") and line.endswith(" 2.0")
+               for line in metrics.splitlines())
+
+
+def test_non_stream_disconnect_aborts(sim_engine: Callable[..., SimEngine]) -> None:
+    engine = sim_engine("baseline", time_scale=0.2)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{engine.url}/v1/completions", timeout=0.5,
+                   json={"model": "m", "prompt": "p", "max_tokens": 100000, "ignore_eos": True})
+    wait_until(lambda: engine.state()["aborted"] == 1, 10, "abort counted")
+    assert engine.state()["running"] == 0
+
+
+def _e2e_sim_seconds(url: str, tokens: int) -> float:
+    out = httpx.post(f"{url}/generate", timeout=60, json={
+        "text": "q", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}).json()
+    latency: float = out["meta_info"]["e2e_latency"]
+    return latency
+
+
+def test_shared_gpu_interference(sim_group: Callable[..., SimGroup]) -> None:
+    """Baseline load on the same GPU slows the EAGLE engine: steps are time-sliced."""
+    group = sim_group(time_scale=0.05)
+    alone = _e2e_sim_seconds(group.eagle_url, 60)
+    assert group.state("eagle")["gpu_busy_sim_s"] == pytest.approx(
+        group.state("eagle")["busy_sim_s"], rel=0.05)
+
+    async def load() -> float:
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {"model": "m", "prompt": "p", "max_tokens": 100000, "ignore_eos": True}
+            tasks = [asyncio.create_task(client.post(f"{group.baseline_url}/v1/completions",
+                                                     json=body)) for _ in range(32)]
+            await asyncio.to_thread(wait_until,
+                                    lambda: group.state("baseline")["running"] == 32, 30)
+            shared = await asyncio.to_thread(_e2e_sim_seconds, group.eagle_url, 60)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return shared
+
+    shared = asyncio.run(load())
+    # EAGLE step ~39 ms alone; with a 32-request baseline step (~49 ms) interleaved: ~2.2x
+    assert shared / alone > 1.6, (alone, shared)
+    wait_until(lambda: group.state("baseline")["running"] == 0, 10, "baseline drained")
+
+
+def test_same_seed_same_output(sim_group: Callable[..., SimGroup]) -> None:
+    first = sim_group(seed=7)
+    a = _completion(first.eagle_url, 30, "same prompt")["choices"][0]["text"]
+    assert _completion(first.eagle_url, 30, "same prompt")["choices"][0]["text"] == a
+    assert _completion(first.baseline_url, 30, "same prompt")["choices"][0]["text"] == a
+    assert _completion(first.eagle_url, 30, "other prompt")["choices"][0]["text"] != a
+    again = sim_group(seed=7)
+    assert _completion(again.eagle_url, 30, "same prompt")["choices"][0]["text"] == a
+    other = sim_group(seed=8)
+    assert _completion(other.eagle_url, 30, "same prompt")["choices"][0]["text"] != a
+
+
+def test_control_faults(sim_group: Callable[..., SimGroup]) -> None:
+    group = sim_group(time_scale=0.02)
+    url = group.baseline_url
+    group.control("baseline", error_rate=1.0)
+    failed = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"})
+    assert failed.status_code == 500 and failed.json()["object"] == "error"
+    group.control("baseline", error_rate=0.0, added_latency_ms=300)
+    started = time.monotonic()
+    _completion(url, 2)
+    assert time.monotonic() - started >= 0.3
+    group.control("baseline", added_latency_ms=0, stall=True)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"}, timeout=0.5)
+    group.control("baseline", stall=False, cut_stream_after_tokens=5)
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+            "POST", f"{url}/v1/completions", timeout=30,
+            json={"model": "m", "prompt": "p", "max_tokens": 50, "stream": True}) as response:
+        list(response.iter_lines())
+    group.control("baseline", cut_stream_after_tokens=None, slow_health_ms=400)
+    started = time.monotonic()
+    assert httpx.get(f"{url}/ready", timeout=5).status_code == 200
+    assert time.monotonic() - started >= 0.4
+    group.control("baseline", slow_health_ms=0, refuse_connections=True)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/v1/models", timeout=2)
+    assert httpx.get(f"{group.eagle_url}/v1/models").status_code == 200  # per engine
+    group.control("baseline", refuse_connections=False)  # through the eagle engine's port
+    assert httpx.get(f"{url}/v1/models").status_code == 200
+    group.control("baseline", refuse_connections=0.3)  # reopens by itself after 0.3 s
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/v1/models", timeout=2)
+    wait_until(lambda: _answers(f"{url}/v1/models"), 10, "port reopened")
+    assert group.state("baseline")["faults"]["refuse_connections"] is False
+    bad = httpx.post(f"{url}/sim/control", json={"error_rate": 2})
+    assert bad.status_code == 400
+    assert httpx.post(f"{url}/sim/control", json={"nonsense": 1}).status_code == 400
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.ConnectError:
+        return False
+
+
+def test_accept_length_control_and_schedule(sim_group: Callable[..., SimGroup]) -> None:
+    group = sim_group(time_scale=0.02)
+    assert group.state("eagle")["accept_length"] == 2.0
+    group.control("eagle", accept_length=3.5)
+    assert group.state("eagle")["accept_length"] == 3.5
+    _completion(group.eagle_url, 400)
+    observed = group.state("eagle")["observed_accept_length"]
+    assert observed == pytest.approx(3.5, abs=0.35)
+    loads = httpx.get(f"{group.eagle_url}/v1/loads").json()["loads"][0]
+    assert loads["speculative"]["accept_length"] == pytest.approx(3.5, abs=0.35)
+    # schedule in simulated seconds since the call: 1.2 now, 3.0 from t=20 s (0.4 s real)
+    group.control("eagle", accept_length_schedule=[[0, 1.2], [20, 3.0]])
+    assert group.state("eagle")["accept_length"] == 1.2
+    wait_until(lambda: group.state("eagle")["accept_length"] == 3.0, 10, "schedule step")
+    assert httpx.post(f"{group.eagle_url}/sim/control",
+                      json={"accept_length": 9}).status_code == 400
+
+
+async def _steady_closed_loop(group: SimGroup, pool: str, concurrency: int, rounds: int,
+                              round_sim_s: float, time_scale: float) -> float:
+    """Closed loop with client starts spread over one round, as a long-running benchmark
+    settles into: finishes then come one at a time, so the test client's turnaround (real
+    milliseconds, many simulated seconds at a small time scale) leaves at most a slot or two
+    empty instead of draining the whole batch every round. Measured between the moment every
+    client has finished once and the moment the first client is done, so only steady state
+    counts; throughput is output tokens per simulated GPU-busy second (/sim/state), which a
+    busy CPU does not change."""
+    url = group.url(pool)
+    body = {"model": "m", "prompt": PROMPT_1000, "max_tokens": 256, "ignore_eos": True}
+    marks: list[dict[str, Any]] = []
+    first_done = [0]
+    all_warm, one_finished = asyncio.Event(), asyncio.Event()
+    gap = round_sim_s * time_scale / concurrency
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=200)) as c:
+        async def client(i: int) -> None:
+            await asyncio.sleep(i * gap)
+            for n in range(rounds):
+                if one_finished.is_set():
+                    return
+                (await c.post(f"{url}/v1/completions", json=body)).raise_for_status()
+                if n == 0:
+                    first_done[0] += 1
+                    if first_done[0] == concurrency:
+                        marks.append(await asyncio.to_thread(group.state, pool))
+                        all_warm.set()
+            if all_warm.is_set() and not one_finished.is_set():
+                one_finished.set()
+                marks.append(await asyncio.to_thread(group.state, pool))
+
+        await asyncio.gather(*(client(i) for i in range(concurrency)))
+    before, after = marks[0], marks[1]
+    tokens = after["generated_tokens"] - before["generated_tokens"]
+    return float(tokens / (after["busy_sim_s"] - before["busy_sim_s"]))
+
+
+def test_http_sweep_seed_coding_concurrency_64(sim_group: Callable[..., SimGroup]) -> None:
+    scale = 0.02
+    group = sim_group(time_scale=scale)
+    # one request's simulated duration at concurrency 64 (from the in-process sweep)
+    baseline = asyncio.run(_steady_closed_loop(group, "baseline", 64, 4, 21.0, scale))
+    eagle = asyncio.run(_steady_closed_loop(group, "eagle", 64, 3, 38.0, scale))
+    assert baseline == pytest.approx(773, rel=0.10)
+    assert eagle == pytest.approx(354, rel=0.10)
