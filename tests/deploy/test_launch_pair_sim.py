@@ -1,0 +1,31 @@
+"""launch-pair driving the SGLang simulator (single-engine mode) as both servers."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+import pytest
+
+from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv, wait_until
+
+
+def test_launch_pair_runs_two_simulated_servers(process_factory) -> None:
+    eagle_port, baseline_port = free_port(), free_port()
+    sim = "{python} -m specrouter sim --single %s --port {port} --time-scale 0.05"
+    proc = ManagedProcess(specrouter_argv(
+        "launch-pair", "--gpu-mem-gib", "139.8", "--model-gib", "14.96", "--draft-gib", "0.8",
+        "--model-shape", "llama3-8b", "--eagle-kv-tokens", "200000",
+        "--eagle-port", str(eagle_port), "--baseline-port", str(baseline_port),
+        "--eagle-cmd", sim % "eagle", "--baseline-cmd", sim % "baseline",
+    )).start()
+    process_factory.append(proc)
+    wait_until(lambda: "pair is up" in proc.output(), 90, "both simulated servers ready")
+    for port in (eagle_port, baseline_port):
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert models["object"] == "list" and models["data"]
+    proc.signal(signal.SIGTERM)
+    assert proc.proc is not None and proc.proc.wait(60) == 0
+    for port in (eagle_port, baseline_port):  # both servers are gone, not just the launcher
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
