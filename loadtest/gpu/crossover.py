@@ -13,6 +13,7 @@ Run: python3 loadtest/gpu/crossover.py specrouter/sim/profiles/h200-llama3-8b-me
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -30,7 +31,8 @@ def ratios(rows: list[dict[str, Any]], steps: int, dtoks: int, acc: float) -> li
 def crossover(batches: list[int], rs: list[float]) -> str:
     if rs[0] < 1:
         return "<1"
-    for (b0, r0), (b1, r1) in zip(zip(batches, rs), zip(batches[1:], rs[1:])):
+    points = list(zip(batches, rs, strict=True))
+    for (b0, r0), (b1, r1) in itertools.pairwise(points):
         if r0 >= 1 > r1:
             x = math.log2(b0) + (r0 - 1) / (r0 - r1) * (math.log2(b1) - math.log2(b0))
             return f"{2 ** x:.0f}"
@@ -40,20 +42,23 @@ def crossover(batches: list[int], rs: list[float]) -> str:
 def main(argv: list[str]) -> int:
     markdown = "--markdown" in argv
     for path in [a for a in argv if a != "--markdown"]:
-        rows = [json.loads(line) for line in open(path) if line.strip()]
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
         rows = [r for r in rows if "skipped" not in r]
         for ctx in sorted({r["ctx"] for r in rows}):
             sub = sorted((r for r in rows if r["ctx"] == ctx), key=lambda r: r["batch"])
             batches = [r["batch"] for r in sub]
             model = sub[0].get("model", "?")
             if markdown:
-                print(f"\n{model} ctx {ctx} (batches {batches[0]}..{batches[-1]}): crossover batch\n")
+                span = f"batches {batches[0]}..{batches[-1]}"
+                print(f"\n{model} ctx {ctx} ({span}): crossover batch\n")
                 print("| config | " + " | ".join(f"acc {a}" for a in ACCEPTS) + " |")
                 print("|---|" + "---|" * len(ACCEPTS))
             for name, (steps, dtoks) in CONFIGS.items():
                 cells = []
                 if not markdown:
-                    print(f"\n{path} {model} ctx {ctx} {name}: EAGLE/baseline ratio (>1: EAGLE wins)")
+                    print(f"\n{path} {model} ctx {ctx} {name}: EAGLE/baseline ratio"
+                          " (>1: EAGLE wins)")
                     print("accept " + " ".join(f"B={b:<4}" for b in batches) + "  crossover")
                 for acc in ACCEPTS:
                     if acc > dtoks:

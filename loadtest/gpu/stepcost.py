@@ -5,7 +5,8 @@ requests) and for the EAGLE-3 server (one verify step over B requests x q draft 
 draft steps). ../shared/calibration/stepcost.py measured them with PyTorch's generic GQA attention,
 which for q>1 is far slower than the FlashInfer/FA3 kernels SGLang runs, so its verify costs at long
 context were upper bounds. This script times the same model with attention that reads each
-(request, kv-head) slice of the KV cache ONCE for all q draft tokens and all query heads of the group:
+(request, kv-head) slice of the KV cache ONCE for all q draft tokens and all query heads of the
+group:
 
 - ``fold``:   the G = heads/kv_heads query heads and q draft tokens of one kv head are folded into
               one (q*G)-row query against that kv head's cache, then PyTorch's flash SDPA backend
@@ -34,7 +35,8 @@ import json
 import math
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +98,8 @@ if HAVE_TRITON:
         for n0 in range(start, end, BLOCK_N):
             cols = n0 + offs_n
             col_ok = cols < end
-            k = tl.load(kbase + cols[:, None] * skn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            k = tl.load(kbase + cols[:, None] * skn + offs_d[None, :], mask=col_ok[:, None],
+                        other=0.0)
             s = tl.dot(q, tl.trans(k)) * sm_scale
             valid = col_ok[None, :] & (cols[None, :] < limit[:, None])
             s = tl.where(valid, s, float("-inf"))
@@ -105,7 +108,8 @@ if HAVE_TRITON:
             alpha = tl.exp(m_i - m_safe)
             p = tl.exp(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(vbase + cols[:, None] * svn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            v = tl.load(vbase + cols[:, None] * svn + offs_d[None, :], mask=col_ok[:, None],
+                        other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         has = l_i > 0
@@ -190,7 +194,8 @@ def unfold_o(o: torch.Tensor, q: int) -> torch.Tensor:
     return o.view(B, kvh, q, g, D).permute(0, 2, 1, 3, 4).reshape(B, q, kvh * g * D)
 
 
-def attn_generic(qh: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, n_prefix: int) -> torch.Tensor:
+def attn_generic(qh: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                 n_prefix: int) -> torch.Tensor:
     B, q, H, D = qh.shape
     a = F.scaled_dot_product_attention(qh.transpose(1, 2), kc, vc, enable_gqa=True)
     return a.transpose(1, 2).reshape(B, q, H * D)
@@ -203,7 +208,8 @@ def attn_fold(qh: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, n_prefix: in
     return unfold_o(o, q)
 
 
-def attn_triton(qh: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, n_prefix: int) -> torch.Tensor:
+def attn_triton(qh: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                n_prefix: int) -> torch.Tensor:
     return triton_decode_attn(qh, kc, vc, n_prefix)
 
 
@@ -236,7 +242,7 @@ def validate() -> list[dict[str, object]]:
                 row[f"{name}_max_abs_err"] = float((got - ref).abs().max())
                 row[f"{name}_rel_err"] = float((got - ref).norm() / ref.norm())
                 row[f"{name}_finite"] = bool(torch.isfinite(got).all())
-            except Exception as e:  # noqa: BLE001 - recorded, the path is then not used
+            except Exception as e:
                 row[f"{name}_error"] = repr(e)[:300]
         out.append(row)
     return out
@@ -255,7 +261,7 @@ class Layer:
 
     def __call__(self, x: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, n_prefix: int,
                  attn: Callable[..., torch.Tensor]) -> torch.Tensor:
-        # x: (B, q, HID); kc/vc: (B, KVH, L+q, HD) views of the cache; new k/v go to positions L..L+q
+        # x: (B, q, HID); kc/vc: (B, KVH, L+q, HD) views of the cache; new k/v go to L..L+q
         hid, heads, kvh, hd = self.dims
         B, q, _ = x.shape
         h = F.rms_norm(x, (hid,), self.n1)
@@ -336,7 +342,7 @@ def main() -> int:
 
     def target(x: torch.Tensor, caches: list[tuple[torch.Tensor, torch.Tensor]], n_prefix: int,
                attn: Callable[..., torch.Tensor]) -> torch.Tensor:
-        for lyr, (kc, vc) in zip(layers, caches):
+        for lyr, (kc, vc) in zip(layers, caches, strict=True):
             x = lyr(x, kc, vc, n_prefix, attn)
         return (x @ lm_head.t()).argmax(-1)
 
@@ -352,12 +358,14 @@ def main() -> int:
                 kvbytes_buf = B * (L + MAXQ) * kv_per_token
                 if kvbytes_buf > budget:
                     row = {"model": model, "batch": B, "ctx": L, "skipped":
-                           f"KV cache {kvbytes_buf / 2**30:.0f} GiB > budget {budget / 2**30:.0f} GiB"}
+                           f"KV cache {kvbytes_buf / 2**30:.0f} GiB > budget "
+                           f"{budget / 2**30:.0f} GiB"}
                     print(json.dumps(row), flush=True)
                     out.write(json.dumps(row) + "\n")
                     continue
                 row: dict[str, object] = {"model": model, "batch": B, "ctx": L}
-                caches = [(w(B, kvh, L + MAXQ, hd), w(B, kvh, L + MAXQ, hd)) for _ in range(n_layers)]
+                caches = [(w(B, kvh, L + MAXQ, hd), w(B, kvh, L + MAXQ, hd))
+                          for _ in range(n_layers)]
                 for q in qs:
                     views = [(kc[:, :, : L + q], vc[:, :, : L + q]) for kc, vc in caches]
                     x = w(B, q, hid)
@@ -367,8 +375,8 @@ def main() -> int:
                             continue
                         fn = ATTN[name]
                         try:
-                            t = graph_time(lambda: target(x, views, L, fn), reps)
-                        except Exception as e:  # noqa: BLE001 - recorded; other paths still run
+                            t = graph_time(partial(target, x, views, L, fn), reps)
+                        except Exception as e:
                             row[f"error_q{q}_{name}"] = repr(e)[:300]
                             print(f"# error {name} B={B} q={q}: {e!r}"[:400], flush=True)
                             torch.cuda.synchronize()
@@ -397,10 +405,12 @@ def main() -> int:
                 fast = ATTN[str(row.get("attn_q4", attns[0]))]
                 dkc, dvc = w(B, kvh, L + 4, hd), w(B, kvh, L + 4, hd)
                 x3 = w(B, 4, 3 * hid)
-                row["draft_step_ms"] = round(graph_time(lambda: draft(x3, dkc, dvc, L, fast), reps), 3)
+                t = graph_time(partial(draft, x3, dkc, dvc, L, fast), reps)
+                row["draft_step_ms"] = round(t, 3)
                 x31 = w(B, 1, 3 * hid)
                 d1k, d1v = dkc[:, :, : L + 1], dvc[:, :, : L + 1]
-                row["draft_q1_step_ms"] = round(graph_time(lambda: draft(x31, d1k, d1v, L, fast), reps), 3)
+                t = graph_time(partial(draft, x31, d1k, d1v, L, fast), reps)
+                row["draft_q1_step_ms"] = round(t, 3)
                 del dkc, dvc, x3, x31, d1k, d1v
                 torch.cuda.empty_cache()
                 print(json.dumps(row), flush=True)
