@@ -75,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
     """Flags -> PlanInput; raises PlanError on a missing or contradictory shape."""
+    _check_inputs(args)
     target_bpt, draft_bpt = _bytes_per_token(args)
     headroom = args.headroom_gib
     return PlanInput(
@@ -86,6 +87,23 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
         first=args.first,
         cuda_context_gib=args.cuda_context_gib,
     )
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """Nonsense sizes would give a plausible-looking but meaningless plan: refuse them."""
+    positive = {"--gpu-mem-gib": args.gpu_mem_gib, "--model-gib": args.model_gib,
+                "--eagle-kv-tokens": args.eagle_kv_tokens}
+    non_negative = {"--draft-gib": args.draft_gib, "--headroom-gib": args.headroom_gib,
+                    "--eagle-headroom-gib": args.eagle_headroom_gib,
+                    "--baseline-headroom-gib": args.baseline_headroom_gib,
+                    "--cuda-context-gib": args.cuda_context_gib,
+                    "--baseline-kv-tokens": args.baseline_kv_tokens}
+    for flag, value in positive.items():
+        if value <= 0:
+            raise PlanError(f"{flag} must be > 0, got {value}")
+    for flag, value in non_negative.items():
+        if value is not None and value < 0:
+            raise PlanError(f"{flag} must be >= 0, got {value}")
 
 
 def _pick(value: float | None, default: float) -> float:

@@ -167,3 +167,8 @@ def test_cli_refusal_exits_2_with_reason() -> None:
     done = _cli("--eagle-kv-tokens", "2000000")
     assert done.returncode == 2
     assert "refused" in done.stderr and "short by" in done.stderr
+
+
+def test_cli_refuses_nonsense_sizes() -> None:
+    done = _cli("--eagle-kv-tokens", "200000", "--headroom-gib", "-1")
+    assert done.returncode == 2 and "--headroom-gib must be >= 0" in done.stderr
