@@ -6,6 +6,7 @@ the floors in stepcost.py can be compared with what this card really does."""
 import importlib
 import json
 import sys
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -24,7 +25,7 @@ info["sdpa"] = {"flash": b.flash_sdp_enabled(), "mem_efficient": b.mem_efficient
                 "cudnn": b.cudnn_sdp_enabled(), "math": b.math_sdp_enabled()}
 
 
-def med(fn, reps=20):
+def med(fn: Callable[[], object], reps: int = 20) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -37,7 +38,7 @@ def med(fn, reps=20):
         e1.record()
         torch.cuda.synchronize()
         ts.append(e0.elapsed_time(e1))
-    return sorted(ts)[reps // 2]
+    return float(sorted(ts)[reps // 2])
 
 
 src = torch.randn(2 * 2**30 // 2, device="cuda", dtype=torch.bfloat16)
