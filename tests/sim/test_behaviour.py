@@ -170,49 +170,56 @@ def test_accept_length_control_and_schedule(sim_group: Callable[..., SimGroup]) 
                       json={"accept_length": 9}).status_code == 400
 
 
-async def _steady_closed_loop(group: SimGroup, pool: str, concurrency: int, rounds: int,
+async def _steady_closed_loop(group: SimGroup, pool: str, concurrency: int,
                               round_sim_s: float, time_scale: float) -> float:
     """Closed loop with client starts spread over one round, as a long-running benchmark
     settles into: finishes then come one at a time, so the test client's turnaround (real
     milliseconds, many simulated seconds at a small time scale) leaves at most a slot or two
-    empty instead of draining the whole batch every round. Measured between the moment every
-    client has finished once and the moment the first client is done, so only steady state
+    empty instead of draining the whole batch every round. Measured from the moment every
+    client has finished once over two rounds of simulated GPU time, so only steady state
     counts; throughput is output tokens per simulated GPU-busy second (/sim/state), which a
     busy CPU does not change."""
     url = group.url(pool)
     body = {"model": "m", "prompt": PROMPT_1000, "max_tokens": 256, "ignore_eos": True}
-    marks: list[dict[str, Any]] = []
-    first_done = [0]
-    all_warm, one_finished = asyncio.Event(), asyncio.Event()
+    warm_clients = [0]
+    all_warm, done = asyncio.Event(), asyncio.Event()
     gap = round_sim_s * time_scale / concurrency
 
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=200)) as c:
+    # every client keeps its connection: churning connections stalls the loop far more
+    # than the engine's own turnaround
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
         async def client(i: int) -> None:
             await asyncio.sleep(i * gap)
-            for n in range(rounds):
-                if one_finished.is_set():
-                    return
+            while not done.is_set():
                 (await c.post(f"{url}/v1/completions", json=body)).raise_for_status()
-                if n == 0:
-                    first_done[0] += 1
-                    if first_done[0] == concurrency:
-                        marks.append(await asyncio.to_thread(group.state, pool))
-                        all_warm.set()
-            if all_warm.is_set() and not one_finished.is_set():
-                one_finished.set()
-                marks.append(await asyncio.to_thread(group.state, pool))
+                warm_clients[0] += 1
+                if warm_clients[0] == concurrency:
+                    all_warm.set()
 
-        await asyncio.gather(*(client(i) for i in range(concurrency)))
-    before, after = marks[0], marks[1]
-    tokens = after["generated_tokens"] - before["generated_tokens"]
-    return float(tokens / (after["busy_sim_s"] - before["busy_sim_s"]))
+        async def measure() -> float:
+            await all_warm.wait()
+            before = await asyncio.to_thread(group.state, pool)
+            while True:
+                await asyncio.sleep(0.05)
+                after = await asyncio.to_thread(group.state, pool)
+                busy = after["busy_sim_s"] - before["busy_sim_s"]
+                if busy >= 2 * round_sim_s:
+                    done.set()
+                    return float((after["generated_tokens"] - before["generated_tokens"]) / busy)
+
+        clients = [asyncio.create_task(client(i)) for i in range(concurrency)]
+        throughput = await measure()
+        await asyncio.gather(*clients)
+    return throughput
 
 
 def test_http_sweep_seed_coding_concurrency_64(sim_group: Callable[..., SimGroup]) -> None:
     scale = 0.02
     group = sim_group(time_scale=scale)
     # one request's simulated duration at concurrency 64 (from the in-process sweep)
-    baseline = asyncio.run(_steady_closed_loop(group, "baseline", 64, 4, 21.0, scale))
-    eagle = asyncio.run(_steady_closed_loop(group, "eagle", 64, 3, 38.0, scale))
+    baseline = asyncio.run(_steady_closed_loop(group, "baseline", 64, 21.0, scale))
+    eagle = asyncio.run(_steady_closed_loop(group, "eagle", 64, 38.0, scale))
+    print(f"http sweep c=64: baseline {baseline:.1f} tok/s, eagle {eagle:.1f} tok/s")
     assert baseline == pytest.approx(773, rel=0.10)
     assert eagle == pytest.approx(354, rel=0.10)
