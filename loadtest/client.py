@@ -210,6 +210,7 @@ async def stream_request(pool: ConnectionPool, path: str, body: bytes, result: R
         conn = await pool.acquire()
         result.status, response_headers = await asyncio.wait_for(
             conn.post(head, body), pool.timeout)
+        result.ttfb = time.perf_counter() - t0
         result.pool = response_headers.get("x-specrouter-pool", "")
         result.backend = response_headers.get("x-specrouter-backend", "")
         if result.status != 200:

@@ -103,9 +103,16 @@ class LoadGenerator:
 
     async def closed_loop(
         self, concurrency: int, num_requests: int | None = None,
-        duration: float | None = None, phase: str = "",
+        duration: float | None = None, phase: str = "", think_s: float = 0.0,
     ) -> list[RequestResult]:
-        """`concurrency` users until `num_requests` were sent or `duration` (wall s) passed."""
+        """`concurrency` users until `num_requests` were sent or `duration` (wall s) passed.
+
+        `think_s` > 0: each user pauses a random (exponential, this mean) time between
+        requests, so arrivals are not locked to the engine's step boundaries (a new
+        request sent the instant the last token of the previous one arrives always
+        lands at the same point of a decode step, which makes a small added delay show up
+        as whole steps in TTFT).
+        """
         if num_requests is None and duration is None:
             raise ValueError("closed_loop needs num_requests or duration")
         if concurrency < 1:
@@ -123,6 +130,8 @@ class LoadGenerator:
             ):
                 sent += 1
                 await self.one(phase)
+                if think_s > 0:
+                    await asyncio.sleep(self._rng.expovariate(1.0 / think_s))
 
         await asyncio.gather(*(user() for _ in range(concurrency)))
         return self.results[first:]

@@ -25,6 +25,7 @@ class RequestResult:
     start: float  # seconds since the run began
     ok: bool = False
     status: int = 0
+    ttfb: float | None = None  # to the response headers (what a proxy adds, unquantized)
     ttft: float | None = None  # to the first content chunk
     e2e: float | None = None
     output_tokens: int = 0  # from the usage chunk, else the number of content chunks
@@ -106,6 +107,7 @@ def summarize(
         "output_tokens": tokens,
         "output_tok_s": tokens / sim_duration if duration > 0 else math.nan,
         "req_s": len(done) / sim_duration if duration > 0 else math.nan,
+        "ttfb": _stats([r.ttfb for r in done if r.ttfb is not None], time_scale),
         "ttft": _stats([r.ttft for r in done if r.ttft is not None], time_scale),
         "itl": _stats([g for r in done for g in r.itl], time_scale),
         "tpot": _stats([t for r in done if (t := r.tpot) is not None], time_scale),

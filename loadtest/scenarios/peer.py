@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.metrics import write_json
-from loadtest.procs import Child, SimGroup, Stack, free_port
+from loadtest.procs import Child, Stack, free_port
 from loadtest.scenarios import overhead
 
 DEFAULT_TIME_SCALE = 1.0
@@ -36,11 +36,11 @@ def peer_version() -> str:
         return "not installed"
 
 
-def start_sglang_router(stack: Stack, sim: SimGroup) -> tuple[str, int]:
+def start_sglang_router(stack: Stack, engine_url: str) -> tuple[str, int]:
     port = free_port()
     child = stack.start(Child("sglang-router", [
         sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-        "--port", str(port), "--worker-urls", sim.eagle_url, "--policy", "round_robin",
+        "--port", str(port), "--worker-urls", engine_url, "--policy", "round_robin",
         "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
         "--log-level", "warn"]))
     url = f"http://127.0.0.1:{port}"
