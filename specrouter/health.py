@@ -87,9 +87,12 @@ class HealthChecker:
         if self._tasks or not self._settings.enabled:
             return
         if self._client is None:
-            # No proxies from the environment for loopback engine traffic; no keep-alive
-            # reuse problems either, since checks are seconds apart.
-            self._client = httpx.AsyncClient(trust_env=False)
+            # A fresh connection per check: a server that stopped accepting connections
+            # must fail its check even while an old keep-alive connection still works.
+            # Checks are seconds apart, so the extra handshake costs nothing. No proxies
+            # from the environment for engine traffic.
+            self._client = httpx.AsyncClient(
+                trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
         self._tasks = [asyncio.create_task(self._loop(b), name=f"health-{b.name}")
                        for b in self._backends]
 
