@@ -194,8 +194,10 @@ class RedisStore(StateStore):
             self._tasks.append(asyncio.create_task(loop_fn(), name=f"state:{loop_fn.__name__}"))
         # Give the first connection a moment so a healthy start is a synced start; a Redis that
         # is down must not delay startup by more than one connection attempt.
+        # (asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._up.wait(), timeout=self._op_timeout * 2)
+            async with asyncio.timeout(self._op_timeout * 2):
+                await self._up.wait()
 
     async def close(self) -> None:
         if self._closing:
@@ -203,9 +205,9 @@ class RedisStore(StateStore):
         self._closing = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            # Bounded: shutdown must not hang on a background task, whatever it is doing.
+            await asyncio.wait(self._tasks, timeout=self._op_timeout * 2)
         self._tasks.clear()
         if self._up.is_set():
             with contextlib.suppress(*REDIS_ERRORS):
@@ -357,7 +359,8 @@ class RedisStore(StateStore):
         while True:
             await self._up.wait()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._dirty.wait(), timeout=self.settings.heartbeat_s)
+                async with asyncio.timeout(self.settings.heartbeat_s):
+                    await self._dirty.wait()
             if not self._up.is_set():
                 continue  # the supervisor republishes on reconnect
             self._dirty.clear()
@@ -398,7 +401,7 @@ class RedisStore(StateStore):
                 await asyncio.sleep(self.settings.backoff_initial_s)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
-                    await asyncio.wait_for(pubsub.aclose(), timeout=self._op_timeout)  # type: ignore[no-untyped-call]
+                    await self._call(pubsub.aclose)
 
     # -- Redis operations (each raises on failure; callers decide) --------------------------
     async def _publish(self) -> None:

@@ -39,7 +39,8 @@ class StateSettings(BaseModel):
     change seen everywhere within `reconcile_interval_s` even if its pub/sub message is lost.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # hide_input_in_errors: a rejected URL may carry a password; the message shows it redacted.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     redis_url: SecretStr | None = Field(
         default=None, description="redis:// or rediss:// URL; user/password go in the URL."
