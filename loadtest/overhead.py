@@ -1,19 +1,21 @@
 """Added latency of the router: time-to-first-token through it vs direct to the simulator.
 
-    python -m loadtest.overhead [--concurrency 100] [--rounds 3] [--seconds 8]
+    python -m loadtest.overhead [--concurrency 100] [--seconds 30] [--time-scale 0.5]
 
-Starts one simulated GPU group (`specrouter sim`) and `specrouter serve` in front of it,
-then alternates phases (direct, router, direct, router, ...) of closed-loop streaming
-chat completions at the given concurrency to the simulated EAGLE server, directly or
-through a router configured with that one server (so both paths reach the same engine).
-Alternating phases cancels slow drift (CPU contention from other work on the host).
+Starts one simulated engine (`specrouter sim --single baseline`) and `specrouter serve` in
+front of it. `--concurrency` closed-loop streams run through the router the whole time
+(the router relays every one of their tokens, as it would in production), and a probe
+sends one short request at a time, alternating direct and through the router. Each pair
+of probes sees the same engine batch and the same host load, so the difference between
+the two TTFT distributions is what the router adds at that concurrency; comparing two
+separate runs instead mostly measures drift in whatever else the host runs.
 
-Reported: p50/p90/p99 TTFT per path, their differences (the added latency), and the
-router's CPU seconds per streamed request from /proc/<pid>/stat (user + system).
+Reported: p50/p90/p99 probe TTFT per path and their differences, the median of paired
+differences, and the router's CPU seconds per streamed request and per token, from
+/proc/<pid>/stat (user + system).
 
 The client is a minimal HTTP/1.1 client on raw asyncio streams with keep-alive
-connections, so that the load generator's own CPU cost (which is on the same cores)
-stays small next to what is being measured.
+connections, so the load generator's own CPU cost (on the same cores) stays small.
 """
 
 from __future__ import annotations
@@ -140,61 +142,85 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def summarize(phases: list[Phase], cpu_per_request: float) -> dict[str, object]:
-    direct = [t for p in phases if p.name == "direct" for t in p.ttft]
-    routed = [t for p in phases if p.name == "router" for t in p.ttft]
-    result: dict[str, object] = {
-        "requests_direct": len(direct), "requests_router": len(routed),
-        "errors": sum(p.errors for p in phases),
-        "router_cpu_ms_per_request": round(cpu_per_request * 1e3, 3),
-    }
-    for q, label in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
-        d, r = pct(direct, q), pct(routed, q)
-        result[f"ttft_{label}_direct_ms"] = round(d * 1e3, 3)
-        result[f"ttft_{label}_router_ms"] = round(r * 1e3, 3)
-        result[f"added_{label}_ms"] = round((r - d) * 1e3, 3)
-    result["ttft_mean_added_ms"] = round(
-        (statistics.fmean(routed) - statistics.fmean(direct)) * 1e3, 3
-    )
-    return result
+def chat_body(model: str, max_tokens: int) -> bytes:
+    return json.dumps({
+        "model": model, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
+        "messages": [{"role": "user", "content": "Say something short."}],
+    }).encode()
+
+
+async def probe(
+    router_port: int, direct_port: int, body: bytes, stop: asyncio.Event
+) -> tuple[list[float], list[float]]:
+    """One request at a time, alternating direct and routed: both samples see the same
+    engine batch and the same host load, so their difference is the router's doing."""
+    direct, routed = Conn("127.0.0.1", direct_port), Conn("127.0.0.1", router_port)
+    ttft_direct: list[float] = []
+    ttft_routed: list[float] = []
+    try:
+        while not stop.is_set():
+            ttft_direct.append((await direct.stream("/v1/chat/completions", body))[0])
+            ttft_routed.append((await routed.stream("/v1/chat/completions", body))[0])
+    finally:
+        direct.close()
+        routed.close()
+    return ttft_direct, ttft_routed
 
 
 async def bench(
-    args: argparse.Namespace, eagle_port: int, router_port: int, router_pid: int
-) -> None:
-    body = json.dumps({
-        "model": args.model, "stream": True, "max_tokens": args.max_tokens,
-        "messages": [{"role": "user", "content": "Say something short."}],
-    }).encode()
-    # Warm both paths (connection pools, first-request costs).
-    await run_phase("warm", "127.0.0.1", eagle_port, body, args.concurrency, 1.0)
-    await run_phase("warm", "127.0.0.1", router_port, body, args.concurrency, 1.0)
-    phases: list[Phase] = []
-    cpu = 0.0
-    for _ in range(args.rounds):
-        phases.append(await run_phase("direct", "127.0.0.1", eagle_port, body,
-                                      args.concurrency, args.seconds))
-        before = _cpu_seconds(router_pid)
-        routed = await run_phase("router", "127.0.0.1", router_port, body,
-                                 args.concurrency, args.seconds)
-        cpu += _cpu_seconds(router_pid) - before
-        phases.append(routed)
-        print(f"round: direct p50 {pct(phases[-2].ttft, .5) * 1e3:.2f} ms, "
-              f"router p50 {pct(routed.ttft, .5) * 1e3:.2f} ms "
-              f"({routed.requests} streams)", file=sys.stderr)
-    routed_requests = sum(p.requests for p in phases if p.name == "router")
-    print(json.dumps(summarize(phases, cpu / max(1, routed_requests)), indent=2))
+    args: argparse.Namespace, direct_port: int, router_port: int, router_pid: int
+) -> dict[str, object]:
+    background = chat_body(args.model, args.bg_max_tokens)
+    # Warm the router's connection pool up to the background concurrency.
+    await run_phase("warm", "127.0.0.1", router_port, background, args.concurrency, 1.0)
+    stop = asyncio.Event()
+    cpu_before = _cpu_seconds(router_pid)
+    load = asyncio.ensure_future(run_phase("background", "127.0.0.1", router_port, background,
+                                           args.concurrency, args.seconds))
+    await asyncio.sleep(min(2.0, args.seconds / 4))  # let the batch fill up
+    probes = asyncio.ensure_future(
+        probe(router_port, direct_port, chat_body(args.model, args.max_tokens), stop))
+    bg = await load
+    stop.set()
+    ttft_direct, ttft_routed = await probes
+    cpu = _cpu_seconds(router_pid) - cpu_before
+    routed_requests = bg.requests + len(ttft_routed)
+    result: dict[str, object] = {
+        "concurrency_through_router": args.concurrency + 1,
+        "background_streams": bg.requests, "background_errors": bg.errors,
+        "probes_per_path": min(len(ttft_direct), len(ttft_routed)),
+        "router_cpu_s": round(cpu, 3),
+        "router_cpu_ms_per_request": round(cpu / max(1, routed_requests) * 1e3, 3),
+        "router_cpu_us_per_token": round(
+            cpu / max(1, bg.requests * args.bg_max_tokens) * 1e6, 1),
+    }
+    for q, label in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
+        d, r = pct(ttft_direct, q), pct(ttft_routed, q)
+        result[f"ttft_{label}_direct_ms"] = round(d * 1e3, 3)
+        result[f"ttft_{label}_router_ms"] = round(r * 1e3, 3)
+        result[f"added_{label}_ms"] = round((r - d) * 1e3, 3)
+    paired = [r - d for d, r in zip(ttft_direct, ttft_routed, strict=False)]
+    result["paired_added_median_ms"] = round(statistics.median(paired) * 1e3, 3)
+    result["mean_added_ms"] = round(
+        (statistics.fmean(ttft_routed) - statistics.fmean(ttft_direct)) * 1e3, 3)
+    return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=8.0, help="per phase")
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--concurrency", dest="concurrency", type=int, default=100,
+                        help="background streams through the router")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of the run")
+    parser.add_argument("--max-tokens", type=int, default=2, help="tokens per probe request")
+    parser.add_argument("--bg-max-tokens", type=int, default=64,
+                        help="tokens per background stream")
     parser.add_argument("--model", default="default")
     parser.add_argument("--profile", default="seed-coding")
-    parser.add_argument("--time-scale", default="0.05")
+    parser.add_argument("--time-scale", default="0.5",
+                        help="simulator time scale; small values make the simulator CPU-bound")
+    parser.add_argument("--pool", choices=["eagle", "baseline"], default="baseline",
+                        help="engine kind to simulate (baseline: 256 running slots, so 100 "
+                             "streams run without queueing)")
     parser.add_argument("--sim-arg", action="append", default=[],
                         help="extra argument for `specrouter sim` (repeatable)")
     parser.add_argument("--target-port", type=int,
@@ -208,15 +234,15 @@ def main() -> int:
         eagle_port = args.target_port
         sim = subprocess.Popen([py, "-c", "import time; time.sleep(1e9)"])
     else:
-        eagle_port, baseline_port = _free_port(), _free_port()
+        eagle_port = _free_port()
         sim = subprocess.Popen(
-            [py, "-m", "specrouter", "sim", "--group", "gpu0", "--eagle-port", str(eagle_port),
-             "--baseline-port", str(baseline_port), "--profile", args.profile,
+            [py, "-m", "specrouter", "sim", "--group", "gpu0", "--single", args.pool,
+             "--port", str(eagle_port), "--profile", args.profile,
              "--time-scale", args.time_scale, "--seed", "7", *args.sim_arg],
             cwd=REPO, start_new_session=True,
         )
-    backends = [{"name": "gpu0-eagle", "url": f"http://127.0.0.1:{eagle_port}",
-                 "pool": "eagle", "group": "gpu0"}]
+    backends = [{"name": f"gpu0-{args.pool}", "url": f"http://127.0.0.1:{eagle_port}",
+                 "pool": args.pool, "group": "gpu0"}]
     router = subprocess.Popen(
         [py, "-m", "specrouter", "serve", "--port", str(router_port), "--log-level", "warning"],
         cwd=REPO, env={**os.environ, "SPECROUTER_BACKENDS": json.dumps(backends)},
@@ -231,7 +257,7 @@ def main() -> int:
             args.model = models["data"][0]["id"]
         import uvloop
 
-        uvloop.run(bench(args, eagle_port, router_port, router.pid))
+        print(json.dumps(uvloop.run(bench(args, eagle_port, router_port, router.pid)), indent=2))
     finally:
         for proc in (router, sim):
             proc.terminate()
