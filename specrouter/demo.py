@@ -94,7 +94,7 @@ def stop_simulator(sim: subprocess.Popen[bytes]) -> None:
 
 def banner(base_url: str, model: str) -> str:
     body = json.dumps({
-        "model": model, "stream": True,
+        "model": model, "stream": True, "max_tokens": 64,
         "messages": [{"role": "user", "content": "Write a haiku about GPUs"}],
     })
     return f"""
@@ -102,7 +102,7 @@ specrouter demo: router on {base_url} in front of one simulated GPU group ({GROU
 
 Try it with curl:
 
-  curl -N {base_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'
+  curl -sN {base_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'
 
 or with the openai Python client:
 
@@ -112,6 +112,7 @@ client = OpenAI(base_url="{base_url}/v1", api_key="none")
 stream = client.chat.completions.create(
     model="{model}",
     messages=[{{"role": "user", "content": "Write a haiku about GPUs"}}],
+    max_tokens=64,
     stream=True,
 )
 for chunk in stream:

@@ -1,0 +1,44 @@
+"""`specrouter demo`: the printed curl line and openai snippet work as printed; Ctrl-C
+stops the router and the simulator."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+
+from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv, wait_until
+
+
+def test_demo_commands_work_as_printed_and_ctrl_c_stops_everything(
+    process_factory: list[ManagedProcess],
+) -> None:
+    port = free_port()
+    demo = ManagedProcess(specrouter_argv("demo", "--port", str(port), "--time-scale", "0.05"))
+    process_factory.append(demo.start())
+    wait_until(lambda: "Press Ctrl-C to stop" in demo.output(), 60, "the demo banner")
+    out = demo.output()
+
+    curl = next(line.strip() for line in out.splitlines() if line.strip().startswith("curl "))
+    streamed = subprocess.run(curl, shell=True, capture_output=True, text=True, timeout=60)
+    assert streamed.returncode == 0 and streamed.stdout.rstrip().endswith("data: [DONE]")
+
+    snippet = out[out.index("from openai import OpenAI"):out.index("Response headers")]
+    ran = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
+                         timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip()
+
+    engines = re.findall(r"(?:eagle|baseline)=(http://127\.0\.0\.1:\d+)", out)
+    assert len(engines) == 2
+    demo.signal(signal.SIGINT)
+    assert demo.proc is not None and demo.proc.wait(30) == 0
+    for url in (f"http://127.0.0.1:{port}", *engines):
+        try:
+            httpx.get(f"{url}/health", timeout=1.0)
+            raise AssertionError(f"{url} still answers after Ctrl-C")
+        except httpx.ConnectError:
+            pass
