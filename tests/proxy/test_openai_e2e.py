@@ -26,9 +26,17 @@ PROMPT: list[ChatCompletionMessageParam] = [
 
 @pytest.fixture
 def group(routed_group: Callable[..., RoutedGroup]) -> Iterator[RoutedGroup]:
+    """A fresh group and router: for tests that inject faults."""
     g = routed_group()
     yield g
     g.router.wait_idle()
+
+
+@pytest.fixture
+def shared_group(shared_routed_group: RoutedGroup) -> Iterator[RoutedGroup]:
+    """The module's group and router: for tests that leave the engines as they found them."""
+    yield shared_routed_group
+    shared_routed_group.router.wait_idle()
 
 
 def client(g: RoutedGroup, **kwargs: Any) -> openai.OpenAI:
@@ -41,9 +49,9 @@ def model_of(g: RoutedGroup) -> str:
     return str(client(g).models.list().data[0].id)
 
 
-def test_chat_non_stream(group: RoutedGroup) -> None:
-    raw = client(group).chat.completions.with_raw_response.create(
-        model=model_of(group), messages=PROMPT, max_tokens=12,
+def test_chat_non_stream(shared_group: RoutedGroup) -> None:
+    raw = client(shared_group).chat.completions.with_raw_response.create(
+        model=model_of(shared_group), messages=PROMPT, max_tokens=12,
         extra_headers={"x-request-id": "req-42"},
     )
     completion = raw.parse()
@@ -55,9 +63,9 @@ def test_chat_non_stream(group: RoutedGroup) -> None:
     assert raw.headers["content-type"].startswith("application/json")
 
 
-def test_chat_stream_with_include_usage(group: RoutedGroup) -> None:
-    stream = client(group).chat.completions.create(
-        model=model_of(group), messages=PROMPT, max_tokens=16, stream=True,
+def test_chat_stream_with_include_usage(shared_group: RoutedGroup) -> None:
+    stream = client(shared_group).chat.completions.create(
+        model=model_of(shared_group), messages=PROMPT, max_tokens=16, stream=True,
         stream_options={"include_usage": True},
     )
     text, finish, usage = "", None, None
@@ -74,8 +82,8 @@ def test_chat_stream_with_include_usage(group: RoutedGroup) -> None:
     assert stream.response.headers["x-request-id"]  # a fresh one when the client sent none
 
 
-def test_completions_stream_and_non_stream(group: RoutedGroup) -> None:
-    c, model = client(group), model_of(group)
+def test_completions_stream_and_non_stream(shared_group: RoutedGroup) -> None:
+    c, model = client(shared_group), model_of(shared_group)
     done = c.completions.create(model=model, prompt="def reverse(xs):", max_tokens=10)
     assert done.choices[0].text and done.usage is not None
     pieces = [ch.choices[0].text for ch in c.completions.create(
@@ -98,8 +106,8 @@ def test_chunks_arrive_as_they_are_generated(routed_group: Callable[..., RoutedG
     g.router.wait_idle()
 
 
-def test_sglang_native_and_info_routes(group: RoutedGroup) -> None:
-    url = group.router.url
+def test_sglang_native_and_info_routes(shared_group: RoutedGroup) -> None:
+    url = shared_group.router.url
     body = {"text": "def reverse(xs):", "sampling_params": {"max_new_tokens": 8}}
     plain = httpx.post(f"{url}/generate", json=body, timeout=30.0)
     assert plain.status_code == 200 and plain.json()["meta_info"]["completion_tokens"] > 0
@@ -118,9 +126,9 @@ def test_sglang_native_and_info_routes(group: RoutedGroup) -> None:
     assert httpx.get(f"{url}/v1/loads", timeout=10.0).headers["x-specrouter-pool"] == "baseline"
 
 
-def test_health_and_ready(group: RoutedGroup) -> None:
-    assert httpx.get(f"{group.router.url}/health").json() == {"status": "ok"}
-    ready = httpx.get(f"{group.router.url}/ready")
+def test_health_and_ready(shared_group: RoutedGroup) -> None:
+    assert httpx.get(f"{shared_group.router.url}/health").json() == {"status": "ok"}
+    ready = httpx.get(f"{shared_group.router.url}/ready")
     assert ready.status_code == 200 and ready.json()["ready"] is True
     assert {b["name"] for b in ready.json()["backends"]} == {"gpu0-eagle", "gpu0-baseline"}
 
@@ -240,4 +248,19 @@ def test_client_authorization_is_forwarded(routed_group: Callable[..., RoutedGro
         client(g).chat.completions.create(model="m", messages=PROMPT, max_tokens=4)
     good = openai.OpenAI(base_url=g.router.v1, api_key="engine-secret", max_retries=0)
     assert good.chat.completions.create(model="m", messages=PROMPT, max_tokens=4)
+    g.router.wait_idle()
+
+
+def test_non_stream_client_gone_aborts_upstream(
+    routed_group: Callable[..., RoutedGroup],
+) -> None:
+    """A client that gives up on a non-streaming request frees the engine slot too."""
+    g = routed_group(time_scale=0.5)
+    body = {"model": "m", "messages": PROMPT, "max_tokens": 500, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{g.router.url}/v1/chat/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while g.state("eagle")["aborted"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert g.state("eagle")["aborted"] == 1 and g.state("eagle")["finished"] == 0
     g.router.wait_idle()
