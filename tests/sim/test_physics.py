@@ -115,3 +115,9 @@ def test_h200_profile_crossover_matches_calibration() -> None:
     b1 = _sweep("h200-llama3-8b", "baseline", 1).throughput_tok_s
     expected = 2.5 * 5.141 / (6.066 + 3 * 0.323)
     assert e1 / b1 == pytest.approx(expected, rel=0.10)
+
+
+def test_seed_coding_table_is_its_documented_formula() -> None:
+    from specrouter.sim.seedfit import TABLE, render
+
+    assert TABLE.read_text() == render()
