@@ -174,6 +174,7 @@ class RedisStore(StateStore):
         self._started = False
         self._closing = False
         self._ever_connected = False
+        self._start_failure_logged = False
         self._down_since: float | None = None
         self._last_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -499,7 +500,7 @@ class RedisStore(StateStore):
 
     def _note_failure(self, exc: BaseException) -> None:
         self._last_error = self._describe(exc)
-        if not self._ever_connected and not getattr(self, "_start_failure_logged", False):
+        if not self._ever_connected and not self._start_failure_logged:
             self._start_failure_logged = True
             log.warning(
                 "state: redis %s not reachable at start (%s); serving from the local view, "
