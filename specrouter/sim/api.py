@@ -309,8 +309,9 @@ async def _chat_events(server: SimServer, gen: Generation, rid: str, model: str
         yield protocol.sse(protocol.chat_chunk(rid, model, created, {"content": piece}))
         _maybe_cut(server, gen)
     gen.observe()
-    yield protocol.sse(protocol.chat_chunk(rid, model, created, {}, gen.finish_reason,
-                                           gen.matched))
+    yield protocol.sse(protocol.chat_chunk(
+        rid, model, created, {}, gen.finish_reason, gen.matched,
+        protocol.usage(gen.req.prompt_tokens, gen.req.generated)))
     if gen.params.include_usage:
         yield protocol.sse(protocol.usage_chunk(rid, model, created, "chat.completion.chunk",
                                                 gen.req.prompt_tokens, gen.req.generated))

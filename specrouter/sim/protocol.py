@@ -172,14 +172,17 @@ def chat_response(rid: str, model: str, text: str, finish: str, matched: int | s
 
 
 def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any],
-               finish: str | None = None, matched: int | str | None = None) -> dict[str, Any]:
+               finish: str | None = None, matched: int | str | None = None,
+               usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """SGLang's serving_chat puts the usage on the finish_reason chunk too ("internal
+    streaming interface requires finish_reason && usage in same package")."""
     full_delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None,
                   **delta}
     return {
         "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
         "choices": [{"index": 0, "delta": full_delta, "logprobs": None, "finish_reason": finish,
                      "matched_stop": matched}],
-        "usage": None,
+        "usage": usage_info,
     }
 
 
