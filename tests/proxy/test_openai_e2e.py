@@ -68,16 +68,13 @@ def test_chat_stream_with_include_usage(shared_group: RoutedGroup) -> None:
         model=model_of(shared_group), messages=PROMPT, max_tokens=16, stream=True,
         stream_options={"include_usage": True},
     )
-    text, finish, usage = "", None, None
-    for chunk in stream:
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
-            finish = chunk.choices[0].finish_reason or finish
-        if chunk.usage is not None:
-            usage = chunk.usage
-            assert chunk.choices == []
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
     assert text and finish in ("stop", "length")
-    assert usage is not None and usage.completion_tokens > 0
+    # include_usage: the stream ends with a usage chunk that has no choices.
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None and last.usage.completion_tokens > 0
     assert stream.response.headers["x-specrouter-pool"] == "eagle"
     assert stream.response.headers["x-request-id"]  # a fresh one when the client sent none
 
