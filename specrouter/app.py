@@ -277,6 +277,9 @@ class Proxy:
         self._total_timeout = settings.timeouts.total
         self._retry = settings.retry.enabled
         self._retry_statuses = frozenset(settings.retry.retry_statuses)
+        # Optional router hook, awaited once before the first `choose` of a request (the
+        # load-aware router uses it to see a burst of simultaneous arrivals whole).
+        self._settle = getattr(router, "settle", None)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
         try:
@@ -329,6 +332,8 @@ class Proxy:
         path = _path_and_query(scope)
         tried: frozenset[str] = frozenset()
         failed: _Retry | None = None
+        if self._settle is not None:
+            await self._settle(info)
         while True:
             try:
                 target = self.router.choose(replace(info, exclude=tried) if tried else info)

@@ -54,8 +54,9 @@ def build_product(
     else:
         holder = policy if policy is not None else LocalPolicyHolder(settings.policy)
         health = HealthChecker(backends, settings.health, settings.breaker)
-        load_aware = LoadAwareRouter(backends, holder, health, settings.telemetry, metrics,
-                                     cost_models)
+        load_aware = LoadAwareRouter(
+            backends, holder, health, settings.telemetry, metrics, cost_models,
+            arrival_window_s=settings.admission.arrival_window_ms / 1000.0)
         admin = AdminApi(holder, load_aware.live_view, settings.admin_token,
                          settings.admin_max_body_bytes)
         extra = [*admin.routes(), *extra]

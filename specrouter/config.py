@@ -169,6 +169,20 @@ class HealthSettings(_Section):
     health_timeout_s: float = Field(default=8.0, gt=0)
 
 
+class AdmissionSettings(_Section):
+    """How the load-aware router admits requests to a lightly loaded group.
+
+    Closed-loop clients, batch jobs and agents often send many requests at the same
+    instant. Decided one by one, the first of such a burst sees an idle group and goes to
+    EAGLE-3, then runs interleaved with the baseline's batch on the shared GPU and slows
+    all of it. A request that would go to EAGLE-3 therefore waits `arrival_window_ms`,
+    and requests arriving meanwhile count as load. Only the EAGLE-3 regime pays it (a few
+    ms on generations of seconds); 0 turns it off.
+    """
+
+    arrival_window_ms: float = Field(default=3.0, ge=0, le=1000)
+
+
 class Settings(BaseSettings):
     """Everything `specrouter serve` needs; see the module docstring for precedence."""
 
@@ -193,6 +207,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     # The policy in force at start-up; PUT/PATCH /policy change it at run time.
     policy: Policy = Field(default_factory=Policy)
     # Bearer token for policy writes; none configured means writes are refused.

@@ -13,6 +13,7 @@ fresh. Only new requests are decided; a request in flight stays on its backend.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ from specrouter.policy import (
     GroupState,
     HeaderError,
     Hints,
+    NoHealthyPool,
     Policy,
     choose_group,
     decide,
@@ -38,6 +40,8 @@ from specrouter.policy import (
 from specrouter.policyholder import PolicyHolder
 from specrouter.router import Backend, NoBackendAvailable, RequestInfo, Target
 from specrouter.telemetry import TelemetryPoller, TelemetryTarget
+
+_ARRIVING = "(arriving)"
 
 
 class InvalidPoolHeader(RouterError):
@@ -60,8 +64,11 @@ class LoadAwareRouter:
         cost_models: Mapping[str, GroupCostModel] | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        arrival_window_s: float = 0.0,
     ) -> None:
         self._backends = tuple(backends)
+        self._arrival_window_s = arrival_window_s
+        self._arriving = 0  # requests inside `settle`, not yet decided
         self._by_name = {b.name: b for b in self._backends}
         self._policy = policy
         self._health = health
@@ -95,10 +102,59 @@ class LoadAwareRouter:
     def policy(self) -> Policy:
         return self._policy.current
 
+    async def settle(self, request: RequestInfo) -> None:
+        """Before the first `choose`: a request that would go to EAGLE-3 waits the arrival
+        window, and the requests arriving meanwhile count as load of its decision.
+
+        Why: a burst that arrives at one instant (closed-loop clients, a batch job) would
+        otherwise send its first request to EAGLE-3 at an idle group; that request then
+        shares the GPU with the baseline's batch for its whole life and slows all of it.
+        In the baseline regime nothing waits.
+        """
+        if self._arrival_window_s <= 0 or request.pool is not None or request.exclude:
+            return
+        policy = self._policy.current
+        if policy.mode != "auto" or not self._eagle_next(policy):
+            return
+        self._arriving += 1
+        try:
+            await asyncio.sleep(self._arrival_window_s)
+        finally:
+            self._arriving -= 1
+
+    def _eagle_next(self, policy: Policy) -> bool:
+        """Whether a request arriving now would be sent to EAGLE-3 (a dry run of `choose`)."""
+        now = self._clock()
+        groups = self._with_arrivals(self._views(now, frozenset()))
+        live = [g for g in groups if g.any_healthy]
+        if not live:
+            return False
+        group = min(live, key=lambda g: g.load(policy.load_signal))
+        try:
+            return decide(policy, group, self._states[group.name], Hints(), now,
+                          self._cost_models.get(group.name)).pool == "eagle"
+        except NoHealthyPool:
+            return False
+
+    def _with_arrivals(self, groups: tuple[GroupView, ...]) -> tuple[GroupView, ...]:
+        """Group views with the requests still inside their arrival window spread over
+        the live groups (the group choice will spread them so), as one extra load entry
+        that no request can be sent to."""
+        live = sum(1 for g in groups if g.any_healthy)
+        if not self._arriving or not live:
+            return groups
+        share = self._arriving / live
+        pending = BackendView(name=_ARRIVING, pool="baseline", healthy=False,
+                              inflight=int(share), engine=share, telemetry_age=0.0,
+                              stale=False, accept_length=None, accept_seen_at=None)
+        return tuple(GroupView(g.name, (*g.backends, pending)) for g in groups)
+
     def choose(self, request: RequestInfo) -> Target:
         now = self._clock()
         policy = self._policy.current
         groups = self._views(now, request.exclude)
+        if self._arriving and request.pool is None:
+            groups = self._with_arrivals(groups)
         if request.pool is not None:
             target = self._route_pool(groups, request.pool, policy.load_signal)
         else:

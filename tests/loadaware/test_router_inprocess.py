@@ -1,0 +1,130 @@
+"""LoadAwareRouter in process: the request-path logic with telemetry and health checks off
+(their loops are covered end to end in tests/integration)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specrouter.breaker import BreakerConfig
+from specrouter.config import HealthSettings, TelemetrySettings
+from specrouter.health import HealthChecker
+from specrouter.loadaware import InvalidPoolHeader, LoadAwareRouter
+from specrouter.loadview import EngineSample
+from specrouter.policy import Policy
+from specrouter.policyholder import LocalPolicyHolder
+from specrouter.router import Backend, NoBackendAvailable, RequestInfo, Target
+
+ONE_GROUP = [Backend("g0-e", "http://h:1", "eagle", "g0"),
+             Backend("g0-b", "http://h:2", "baseline", "g0")]
+TWO_GROUPS = [*ONE_GROUP, Backend("g1-e", "http://h:3", "eagle", "g1"),
+              Backend("g1-b", "http://h:4", "baseline", "g1")]
+CHAT = RequestInfo("/v1/chat/completions")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(backends: list[Backend], window_s: float = 0.0, **policy: object
+         ) -> tuple[LoadAwareRouter, Clock]:
+    clock = Clock()
+    health = HealthChecker(backends, HealthSettings(enabled=False),
+                           BreakerConfig(failure_threshold=2, cooldown_s=5.0,
+                                         success_threshold=1), clock=clock)
+    holder = LocalPolicyHolder(Policy.model_validate(policy))
+    router = LoadAwareRouter(backends, holder, health, TelemetrySettings(enabled=False),
+                             clock=clock, arrival_window_s=window_s)
+    return router, clock
+
+
+def admit(router: LoadAwareRouter, request: RequestInfo = CHAT) -> Target:
+    target = router.choose(request)
+    router.acquire(target)
+    return target
+
+
+def test_burst_arriving_together_goes_to_the_baseline_whole() -> None:
+    async def burst(router: LoadAwareRouter, n: int) -> list[str]:
+        async def one() -> str:
+            await router.settle(CHAT)
+            return admit(router).pool
+
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+    alone, _ = make(ONE_GROUP, window_s=0.0, switch_up=0.5, switch_down=0)
+    assert asyncio.run(burst(alone, 3)) == ["eagle", "baseline", "baseline"]
+    windowed, _ = make(ONE_GROUP, window_s=0.01, switch_up=0.5, switch_down=0)
+    assert asyncio.run(burst(windowed, 3)) == ["baseline", "baseline", "baseline"]
+    # A request on its own still gets EAGLE-3 (once the burst is gone).
+    single, _ = make(ONE_GROUP, window_s=0.01, switch_up=0.5, switch_down=0)
+    assert asyncio.run(burst(single, 1)) == ["eagle"]
+
+
+def test_nothing_waits_in_the_baseline_regime_or_in_forced_modes() -> None:
+    async def timed(router: LoadAwareRouter) -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await router.settle(CHAT)
+        return loop.time() - started
+
+    busy, _ = make(ONE_GROUP, window_s=0.5, switch_up=2, switch_down=1)
+    for _ in range(3):
+        admit(busy)
+    assert asyncio.run(timed(busy)) < 0.25
+    forced, _ = make(ONE_GROUP, window_s=0.5, mode="eagle")
+    assert asyncio.run(timed(forced)) < 0.25
+
+
+def test_credit_rule_and_stale_telemetry() -> None:
+    router, clock = make(TWO_GROUPS, switch_up=4, switch_down=1)
+    # Other clients keep g0 busy: the engine says 5 running, the router sent none.
+    router.view.publish("g0-e", EngineSample(running=5, waiting=0, received_at=clock.now))
+    first = admit(router)
+    assert first.group == "g1" and first.pool == "eagle"
+    # Three poll intervals later that sample is ignored: g0 looks idle again.
+    clock.now += 0.31
+    second = admit(router)
+    assert second.group == "g0" and second.reason == "below_switch_down"
+    assert router.live_metrics().backends[0].stale_reads >= 1
+
+
+def test_retry_excludes_the_failed_backend_and_route_pools() -> None:
+    router, _ = make(ONE_GROUP)
+    retry = router.choose(RequestInfo("/v1/chat/completions", exclude=frozenset({"g0-e"})))
+    assert (retry.backend.name, retry.reason) == ("g0-b", "eagle_unhealthy")
+    assert router.choose(RequestInfo("/v1/files", pool="baseline")).reason == "route_pool"
+    fallback = router.choose(RequestInfo("/v1/files", pool="baseline",
+                                         exclude=frozenset({"g0-b"})))
+    assert (fallback.backend.name, fallback.reason) == ("g0-e", "route_pool_unavailable")
+    with pytest.raises(NoBackendAvailable):
+        router.choose(RequestInfo("/v1/chat/completions", exclude=frozenset({"g0-e", "g0-b"})))
+
+
+def test_breaker_takes_a_backend_out_and_a_probe_brings_it_back() -> None:
+    router, clock = make(ONE_GROUP)
+    for _ in range(2):
+        router.record_outcome("g0-e", False, "HTTP 503")
+    assert not router.healthy("g0-e")
+    assert admit(router).reason == "eagle_unhealthy"
+    clock.now += 5.0  # cool-down over: half-open, one probe
+    probe = router.choose(CHAT)
+    assert probe.backend.name == "g0-e"
+    assert not router.healthy("g0-e")  # the probe slot is taken
+    router.record_outcome("g0-e", True)
+    assert router.healthy("g0-e") and router.details()["backends"][0]["breaker"] == "closed"
+
+
+def test_client_header_rules() -> None:
+    allowed, _ = make(ONE_GROUP, allow_client_override=True)
+    assert allowed.choose(RequestInfo("/v1/chat/completions",
+                                      pool_header="baseline")).reason == "client_override"
+    with pytest.raises(InvalidPoolHeader):
+        allowed.choose(RequestInfo("/v1/chat/completions", pool_header="both"))
+    denied, _ = make(ONE_GROUP)
+    assert denied.choose(RequestInfo("/v1/chat/completions", pool_header="both")).pool == "eagle"
