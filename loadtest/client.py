@@ -2,8 +2,8 @@
 
 The load generator shares 2 cores with the simulator and the router it measures, so its
 own CPU per request must be small. Measured with `python -m loadtest.client_cost` (256
-requests of 256 streamed tokens at concurrency 64): this client 7.1 ms CPU per request
-(0.21 cores), httpx streaming 20.1 ms (0.57 cores), the `openai` SDK 41.2 ms (0.91
+requests of 256 streamed tokens at concurrency 64): this client 6.2 ms CPU per request
+(0.18 cores), httpx streaming 18.9 ms (0.53 cores), the `openai` SDK 35.4 ms (0.96
 cores, a whole core at the sweep's top level). So this module speaks HTTP/1.1 itself
 on asyncio streams: keep-alive connections in a LIFO pool (O(1) acquire/release),
 chunked or sized bodies, SSE events split by hand and timestamped as their bytes arrive.

@@ -66,10 +66,8 @@ async def openai_client(url: str, shape: RequestShape) -> None:
     import openai
 
     prompts = PromptCycler(load_prompts())
-    async with _http() as http:
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
-                                    http_client=http)
-
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0,
+                                  timeout=600.0) as client:
         async def one() -> None:
             body = build_body(prompts.next(), shape)
             stream = await client.chat.completions.create(
