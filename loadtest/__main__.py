@@ -144,10 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--quick", action="store_true", help="a short smoke version")
         module.add_arguments(p)
     args = parser.parse_args(argv)
-    if args.command == "run":
-        return cmd_run(args)
-    module = {"sweep": sweep, "trace": trace, "overhead": overhead, "peer": peer}[args.command]
-    result = module.main(args)
+    try:
+        if args.command == "run":
+            if args.trace:
+                load_trace(args.trace)  # a bad trace fails before any request is sent
+            return cmd_run(args)
+        module = {"sweep": sweep, "trace": trace, "overhead": overhead,
+                  "peer": peer}[args.command]
+        result = module.main(args)
+    except (ValueError, RuntimeError, OSError, httpx.HTTPError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result.get("comparison", result.get("summary", {})), indent=2,
                      default=str))
     return 0
