@@ -42,6 +42,7 @@ from pydantic_settings import (
 
 from specrouter.breaker import BreakerConfig
 from specrouter.policy import Policy
+from specrouter.state import StateSettings
 
 Pool = Literal["eagle", "baseline"]
 POOLS: tuple[Pool, ...] = ("eagle", "baseline")
@@ -214,6 +215,29 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     # Policy write bodies are tiny: anything bigger is refused before parsing.
     admin_max_body_bytes: int = Field(default=64 * 1024, gt=0)
+    # Shared state of router replicas (issue 5): SPECROUTER_REDIS_URL, redis:// or rediss://,
+    # credentials in the URL. None: the in-memory store, this process alone.
+    redis_url: SecretStr | None = None
+    # uvicorn worker processes (`serve --workers`); more than one needs redis_url.
+    workers: int = Field(default=1, ge=1, le=256)
+    # Key prefix, TTL and intervals of the store (StateSettings without redis_url).
+    state: StateSettings = Field(default_factory=StateSettings)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        try:
+            StateSettings(redis_url=value)
+        except ValidationError as exc:  # the message is redacted by StateSettings
+            raise ValueError(exc.errors(include_url=False, include_input=False)[0]["msg"]
+                             .removeprefix("Value error, ")) from None
+        return value
+
+    def state_settings(self) -> StateSettings:
+        """The store's settings: the `state` section plus the top-level `redis_url`."""
+        return self.state.model_copy(update={"redis_url": self.redis_url})
 
     @model_validator(mode="after")
     def _consistent_backends(self) -> Settings:
@@ -226,6 +250,14 @@ class Settings(BaseSettings):
         _check_unique("backend url", [b.url for b in self.backends])
         if self.groups is not None:
             _check_declared_groups(self.groups, self.backends)
+        if self.state.redis_url is not None:
+            raise ValueError("state.redis_url: give the URL as redis_url "
+                             "(SPECROUTER_REDIS_URL or --redis-url), not inside `state`")
+        if self.workers > 1 and self.redis_url is None:
+            raise ValueError(
+                f"workers: {self.workers} workers need shared state: set SPECROUTER_REDIS_URL "
+                "(or --redis-url) to a redis:// URL, or run one worker"
+            )
         return self
 
     def group_names(self) -> list[str]:
