@@ -10,6 +10,7 @@ temp folder, printed at the end) so the repository only holds the report.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -98,6 +99,16 @@ def _peer(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                                          starter=peer.start_sglang_router, multi_worker=False)}
 
 
+def load_results(folder: Path) -> dict[str, Any]:
+    """The scenario results a previous run wrote (same keys as `run_all`)."""
+    results: dict[str, Any] = {}
+    for key in ("sweep", "trace:burst", "trace:accept-shift", "overhead", "peer"):
+        path = folder / f"{key.replace(':', '-')}.json"
+        if path.is_file():
+            results[key] = json.loads(path.read_text(encoding="utf-8"))
+    return results
+
+
 def make_plots(results: dict[str, Any], img_dir: Path, report_dir: Path) -> dict[str, str]:
     images: dict[str, str] = {}
     if "sweep" in results:
@@ -119,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.1,
                         help="simulator --time-scale of the sweep and traces")
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--from-results", metavar="DIR",
+                        help="re-render the report and plots from a previous run's --results")
     parser.add_argument("--status", default="",
                         help="a status line printed at the top of the report")
     args = parser.parse_args(argv)
@@ -126,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     out = Path(args.results or tempfile.mkdtemp(prefix="specrouter-bench-"))
     out.mkdir(parents=True, exist_ok=True)
-    results = run_all(args, out)
+    results = load_results(Path(args.from_results)) if args.from_results else run_all(args, out)
     report_path = Path(args.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     images = make_plots(results, report_path.parent / "img", report_path.parent)

@@ -78,7 +78,7 @@ def trace_plot(trace: dict[str, Any], path: Path) -> Path:
         start = end
     good.set_ylabel("tokens/s (simulated)")
     good.grid(True, alpha=0.3)
-    good.legend(fontsize=7, ncol=3, loc="upper right")
+    good.legend(fontsize=7, ncol=3, loc="center left", framealpha=0.9)
     share.set_ylabel("EAGLE-3 share")
     share.set_ylim(-0.05, 1.05)
     share.set_xlabel("time (simulated seconds)")

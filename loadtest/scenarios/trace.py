@@ -108,26 +108,40 @@ def switch_events(results: list[RequestResult], time_scale: float) -> list[dict[
     return events
 
 
+def _spread(r: RequestResult, lo: float, hi: float) -> float:
+    """The share of a request's output tokens generated within [lo, hi): its tokens are
+    spread evenly from its first token to its end. Counting them all at completion
+    would make closed-loop bursts (many requests ending together) look like spikes."""
+    if r.ttft is None or r.end is None:
+        return 0.0
+    first = r.start + r.ttft
+    if r.end <= first:
+        return float(r.output_tokens) if lo <= r.end < hi else 0.0
+    overlap = max(0.0, min(hi, r.end) - max(lo, first))
+    return r.output_tokens * overlap / (r.end - first)
+
+
 def timeline(results: list[RequestResult], s: TraceSettings) -> list[dict[str, Any]]:
-    """Per bin (simulated s): requests started, share sent to EAGLE, throughput, goodput."""
+    """Per bin (simulated s): requests started, share sent to EAGLE, throughput and
+    goodput (tokens generated in the bin, by all requests / by those meeting the SLO)."""
     if not results:
         return []
     width = s.bin_s * s.time_scale
     end = max((r.end or r.start) for r in results)
+    done = [r for r in results if r.ok]
+    good = [r for r in done if s.slo.met(r, s.time_scale)]
     bins: list[dict[str, Any]] = []
     for i in range(int(end // width) + 1):
         lo, hi = i * width, (i + 1) * width
         started = [r for r in results if lo <= r.start < hi]
-        finished = [r for r in results if r.ok and r.end is not None and lo <= r.end < hi]
         routed = [r for r in started if r.pool]
         bins.append({
             "t": lo / s.time_scale,
             "started": len(started),
             "eagle_share": (sum(r.pool == "eagle" for r in routed) / len(routed)
                             if routed else None),
-            "output_tok_s": sum(r.output_tokens for r in finished) / s.bin_s,
-            "goodput_tok_s": sum(r.output_tokens for r in finished
-                                 if s.slo.met(r, s.time_scale)) / s.bin_s,
+            "output_tok_s": sum(_spread(r, lo, hi) for r in done) / s.bin_s,
+            "goodput_tok_s": sum(_spread(r, lo, hi) for r in good) / s.bin_s,
         })
     return bins
 
