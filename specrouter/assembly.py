@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute
 
 from specrouter.admin import AdminApi
 from specrouter.app import SpecRouterApp, create_app
+from specrouter.clusterstate import ClusterState, StateCollector
 from specrouter.config import Settings
 from specrouter.costmodel import GroupCostModel
 from specrouter.forward import Upstream
@@ -37,6 +38,7 @@ class Product:
     router: Router
     metrics: RouterMetrics
     policy: PolicyHolder | None
+    state: ClusterState | None = None
 
 
 def build_product(
@@ -49,20 +51,26 @@ def build_product(
     metrics = RouterMetrics()
     extra: list[BaseRoute] = [metrics_route(metrics)]
     router: Router
+    state: ClusterState | None = None
     if settings.router == "prefer_eagle":
         router, holder = PreferEagleRouter(backends), None
     else:
-        holder = policy if policy is not None else LocalPolicyHolder(settings.policy)
+        if settings.redis_url is not None and policy is None:
+            # Cluster mode: policy and in-flight counts shared through Redis.
+            state = ClusterState.from_settings(settings.state_settings(), settings.policy)
+            metrics.registry.register(StateCollector(state))
+        holder = (policy if policy is not None else
+                  state.holder if state is not None else LocalPolicyHolder(settings.policy))
         health = HealthChecker(backends, settings.health, settings.breaker)
         load_aware = LoadAwareRouter(
             backends, holder, health, settings.telemetry, metrics, cost_models,
-            arrival_window_s=settings.admission.arrival_window_ms / 1000.0)
+            arrival_window_s=settings.admission.arrival_window_ms / 1000.0, state=state)
         admin = AdminApi(holder, load_aware.live_view, settings.admin_token,
                          settings.admin_max_body_bytes)
         extra = [*admin.routes(), *extra]
         router = load_aware
     app = create_app(settings, router, upstreams, extra_routes=extra)
-    return Product(MetricsMiddleware(app, metrics), app, router, metrics, holder)
+    return Product(MetricsMiddleware(app, metrics), app, router, metrics, holder, state)
 
 
 def build_app(settings: Settings) -> MetricsMiddleware:

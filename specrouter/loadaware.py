@@ -17,7 +17,8 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from specrouter.config import POOLS, Pool, TelemetrySettings
 from specrouter.costmodel import GroupCostModel
@@ -40,6 +41,10 @@ from specrouter.policy import (
 from specrouter.policyholder import PolicyHolder
 from specrouter.router import Backend, NoBackendAvailable, RequestInfo, Target
 from specrouter.telemetry import TelemetryPoller, TelemetryTarget
+
+if TYPE_CHECKING:
+    from specrouter.clusterstate import ClusterState
+    from specrouter.state import Lease
 
 _ARRIVING = "(arriving)"
 
@@ -65,8 +70,13 @@ class LoadAwareRouter:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         arrival_window_s: float = 0.0,
+        state: ClusterState | None = None,
     ) -> None:
         self._backends = tuple(backends)
+        # Cluster mode (issue 5): loads read every replica's in-flight counts from the
+        # store, and each admission holds a store lease until its release.
+        self._state = state
+        self._leases: dict[int, Lease] = {}
         self._arrival_window_s = arrival_window_s
         self._arriving = 0  # requests inside `settle`, not yet decided
         self._by_name = {b.name: b for b in self._backends}
@@ -166,9 +176,15 @@ class LoadAwareRouter:
 
     def acquire(self, target: Target) -> None:
         self.view.acquire(target.backend.name)
+        if self._state is not None:
+            self._leases[id(target)] = self._state.store.acquire(target.backend.name)
 
     def release(self, target: Target) -> None:
         self.view.release(target.backend.name)
+        if self._state is not None:
+            lease = self._leases.pop(id(target), None)
+            if lease is not None:
+                lease.release()  # idempotent: a second release can never unbalance a count
 
     def record_outcome(self, backend: str, ok: bool, error: str | None = None) -> None:
         self._health.record_outcome(backend, ok, error)
@@ -182,6 +198,8 @@ class LoadAwareRouter:
         return self.view.backends[backend].inflight
 
     async def start(self) -> None:
+        if self._state is not None:
+            await self._state.start()  # the shared policy is in force before any request
         await self._health.start()
         if self.poller is not None:
             await self.poller.start()
@@ -190,6 +208,8 @@ class LoadAwareRouter:
         if self.poller is not None:
             await self.poller.stop()
         await self._health.stop()
+        if self._state is not None:
+            await self._state.stop()
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -199,7 +219,21 @@ class LoadAwareRouter:
         def usable(name: str) -> bool:
             return name not in exclude and health.healthy(name, now)
 
-        return self.view.snapshot(now, usable)
+        return self._clustered(self.view.snapshot(now, usable))
+
+    def _clustered(self, groups: tuple[GroupView, ...]) -> tuple[GroupView, ...]:
+        """In cluster mode the in-flight of each backend is every replica's (the store's
+        cluster view, which holds this replica's exact counts); the engine-telemetry credit
+        stays on the local counts, whose delta since the sample is exact."""
+        if self._state is None:
+            return groups
+        counts = self._state.store.cluster_inflight()
+        return tuple(
+            GroupView(g.name, tuple(
+                b if b.name not in self._by_name else
+                replace(b, inflight=max(b.inflight, counts.get(b.name, 0)))
+                for b in g.backends))
+            for g in groups)
 
     def _hints(self, policy: Policy, request: RequestInfo) -> Hints:
         if not policy.allow_client_override:
@@ -246,12 +280,23 @@ class LoadAwareRouter:
     def details(self) -> dict[str, Any]:
         """For GET /ready: the router, its policy version and every backend."""
         now = self._clock()
-        return {
+        details: dict[str, Any] = {
             "router": "load_aware",
             "policy_version": self._policy.current.version,
             "inflight_total": sum(b.inflight for b in self.view.backends.values()),
             "backends": [self._backend_info(b, now) for b in self._backends],
         }
+        details.update(self._cluster_details())
+        return details
+
+    def _cluster_details(self) -> dict[str, Any]:
+        """The store's health and the cluster-wide in-flight (a degraded store is reported,
+        never a reason to be unready: the router serves on its local view)."""
+        if self._state is None:
+            return {}
+        counts = self._state.store.cluster_inflight()
+        return {"state": self._state.status(),
+                "cluster_inflight": {b.name: counts.get(b.name, 0) for b in self._backends}}
 
     def live_view(self) -> dict[str, Any]:
         """For GET /policy: per group the load, the current choice and why (and the cost
@@ -266,6 +311,7 @@ class LoadAwareRouter:
                 for g in groups
             ],
             "backends": [self._backend_info(b, now) for b in self._backends],
+            **self._cluster_details(),
         }
 
     def _backend_info(self, backend: Backend, now: float) -> dict[str, Any]:
@@ -290,7 +336,8 @@ class LoadAwareRouter:
     def live_metrics(self) -> LiveMetrics:
         now = self._clock()
         policy = self._policy.current
-        groups = self.view.snapshot(now, lambda n: self._health.healthy(n, now))
+        groups = self._clustered(
+            self.view.snapshot(now, lambda n: self._health.healthy(n, now)))
         backends = []
         for b in self._backends:
             load = self.view.backends[b.name]
