@@ -6,13 +6,22 @@ CLI flags sit on top of environment variables and the config file (see
     --backend name=e0,url=http://127.0.0.1:30000,pool=eagle,group=gpu0
 
 An `api_key=` may be given there too, but the command line is visible to every user of
-the host: prefer the config file or `SPECROUTER_BACKENDS` for keys.
+the host: prefer the config file or `SPECROUTER_BACKENDS` for keys (and
+`SPECROUTER_REDIS_URL` for a Redis password).
+
+`--workers N` runs N uvicorn worker processes sharing one listening socket. Each worker
+builds its own app (`app_from_env`, an import-string factory, which is what uvicorn's
+multi-process mode needs) from the same config file and CLI flags, handed over in the
+`SPECROUTER_SERVE_SOURCE` environment variable; the workers share policy and load through
+Redis, so more than one worker without a Redis URL is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -21,6 +30,9 @@ import uvicorn
 from specrouter.config import ConfigError, Settings, load_settings, parse_backend_spec
 
 log = logging.getLogger("specrouter.serve")
+
+#: How the parent hands the settings' sources to its worker processes.
+SOURCE_ENV = "SPECROUTER_SERVE_SOURCE"
 
 BACKEND_METAVAR = "name=N,url=URL,pool=eagle|baseline,group=G[,api_key=K]"
 
@@ -45,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policy mode: auto (the strategy decides), or force one pool")
     parser.add_argument("--router", choices=["load_aware", "prefer_eagle"],
                         help="routing implementation (default load_aware)")
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="uvicorn worker processes (default 1, also SPECROUTER_WORKERS); "
+                             "more than one needs a Redis URL")
+    parser.add_argument("--redis-url", metavar="URL",
+                        help="share state with other replicas through Redis (redis:// or "
+                             "rediss://); prefer SPECROUTER_REDIS_URL for a URL with a password")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,6 +87,10 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         overrides["policy"] = policy
     if getattr(args, "router", None):
         overrides["router"] = args.router
+    if getattr(args, "workers", None) is not None:
+        overrides["workers"] = args.workers
+    if getattr(args, "redis_url", None):
+        overrides["redis_url"] = args.redis_url
     return overrides
 
 
@@ -91,8 +113,11 @@ def _read_policy_file(path: str) -> dict[str, Any]:
 def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
     """uvicorn with uvloop and httptools: the pure-Python h11 parser alone costs more
     than the router's whole latency budget at high request rates."""
-    return uvicorn.Config(
-        app,
+    return uvicorn.Config(app, **uvicorn_options(settings))
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    return dict(
         host=settings.listen.host,
         port=settings.listen.port,
         loop="uvloop",
@@ -111,28 +136,55 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
 def describe(settings: Settings) -> str:
     """One line per backend for the start-up log; API keys are never shown."""
     lines = [f"specrouter listening on http://{settings.listen.host}:{settings.listen.port}"]
+    state = settings.state_settings()
+    if state.redis_url is not None:
+        lines.append(f"  shared state: redis {state.redacted_url} (prefix {state.key_prefix}), "
+                     f"{settings.workers} worker(s)")
     for b in settings.backends:
         key = " (api key set)" if b.api_key is not None else ""
         lines.append(f"  backend {b.name}: {b.pool} in group {b.group} at {b.url}{key}")
     return "\n".join(lines)
 
 
-def serve(settings: Settings) -> None:
-    from specrouter.assembly import build_app
-
+def _setup_logging(settings: Settings) -> None:
     logging.basicConfig(level=settings.listen.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every telemetry poll and health check at INFO: ten lines a second.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def serve(settings: Settings, config_file: str | None = None,
+          overrides: dict[str, Any] | None = None) -> None:
+    """One process, or `settings.workers` worker processes built from the same sources."""
+    from specrouter.assembly import build_app
+
+    _setup_logging(settings)
     log.info("%s", describe(settings))
-    uvicorn.Server(uvicorn_config(settings, build_app(settings))).run()
+    if settings.workers <= 1:
+        uvicorn.Server(uvicorn_config(settings, build_app(settings))).run()
+        return
+    os.environ[SOURCE_ENV] = json.dumps({"config": config_file, "overrides": overrides or {}})
+    uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=settings.workers,
+                **uvicorn_options(settings))
+
+
+def app_from_env() -> Any:
+    """The app of one worker process (`uvicorn ... --factory`), from the config file and
+    flags its parent put in SPECROUTER_SERVE_SOURCE (already validated by the parent)."""
+    from specrouter.assembly import build_app
+
+    source = json.loads(os.environ.get(SOURCE_ENV) or "{}")
+    settings = load_settings(source.get("config"), source.get("overrides") or {})
+    _setup_logging(settings)
+    return build_app(settings)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        settings = load_settings(args.config, overrides_from_args(args))
+        overrides = overrides_from_args(args)
+        settings = load_settings(args.config, overrides)
     except ConfigError as exc:
         print(f"specrouter serve: {exc}", file=sys.stderr)
         return 2
-    serve(settings)
+    serve(settings, args.config, overrides)
     return 0
