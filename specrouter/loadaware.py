@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from specrouter.state import Lease
 
 _ARRIVING = "(arriving)"
+_MAX_WINDOWS = 8  # a burst may hold its first request this many windows at most
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
 
 
 class InvalidPoolHeader(RouterError):
@@ -79,6 +81,7 @@ class LoadAwareRouter:
         self._leases: dict[int, Lease] = {}
         self._arrival_window_s = arrival_window_s
         self._arriving = 0  # requests inside `settle`, not yet decided
+        self._last_arrival = float("-inf")  # event-loop time of the latest generation request
         self._by_name = {b.name: b for b in self._backends}
         self._policy = policy
         self._health = health
@@ -121,14 +124,25 @@ class LoadAwareRouter:
         shares the GPU with the baseline's batch for its whole life and slows all of it.
         In the baseline regime nothing waits.
         """
-        if self._arrival_window_s <= 0 or request.pool is not None or request.exclude:
+        if (self._arrival_window_s <= 0 or request.pool is not None or request.exclude
+                or request.path not in _GENERATION_PATHS):
             return
+        loop = asyncio.get_running_loop()
+        self._last_arrival = arrived = loop.time()
         policy = self._policy.current
         if policy.mode != "auto" or not self._eagle_next(policy):
             return
         self._arriving += 1
         try:
-            await asyncio.sleep(self._arrival_window_s)
+            # Wait for a quiet window: a burst whose requests keep arriving (each one
+            # opening its own connection) is seen whole, up to a cap.
+            cap = arrived + _MAX_WINDOWS * self._arrival_window_s
+            while True:
+                until = min(self._last_arrival + self._arrival_window_s, cap)
+                now = loop.time()
+                if now >= until:
+                    return
+                await asyncio.sleep(until - now)
         finally:
             self._arriving -= 1
 

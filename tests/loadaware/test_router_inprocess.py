@@ -128,3 +128,17 @@ def test_client_header_rules() -> None:
         allowed.choose(RequestInfo("/v1/chat/completions", pool_header="both"))
     denied, _ = make(ONE_GROUP)
     assert denied.choose(RequestInfo("/v1/chat/completions", pool_header="both")).pool == "eagle"
+
+
+def test_a_burst_spread_over_several_windows_is_still_seen_whole() -> None:
+    async def spread(router: LoadAwareRouter, n: int, gap_s: float) -> list[str]:
+        async def one(i: int) -> str:
+            await asyncio.sleep(i * gap_s)  # each client connects a little later
+            await router.settle(CHAT)
+            return admit(router).pool
+
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+    router, _ = make(ONE_GROUP, window_s=0.02, switch_up=0.5, switch_down=0)
+    # 6 arrivals 10 ms apart: 50 ms in all, more than two windows, fewer than the cap.
+    assert asyncio.run(spread(router, 6, 0.01)) == ["baseline"] * 6
