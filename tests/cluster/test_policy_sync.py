@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from tests.cluster.conftest import ClusterFactory
+from tests.cluster.conftest import ClusterFactory, Replica
 from tests.fixtures.procs import wait_until
 
 
@@ -17,16 +18,19 @@ def test_write_on_one_replica_in_force_on_all_within_a_second(replicas: ClusterF
     assert {r.version() for r in c.replicas} == {1}
     assert c.redis.client().llen(f"{c.prefix}:policy:audit") == 1
 
-    for i, (method, body) in enumerate([("PATCH", {"switch_up": 30}),
-                                        ("PUT", {"strategy": "overflow", "eagle_cap": 3})]):
+    writes: list[tuple[str, dict[str, Any]]] = [
+        ("PATCH", {"switch_up": 30}), ("PUT", {"strategy": "overflow", "eagle_cap": 3})]
+    for i, (method, body) in enumerate(writes):
         writer = c[i % 3]
         response = writer.write(method, body)
         assert response.status_code == 200, response.text
         version = response.json()["policy"]["version"]
         assert version == 2 + i
         written = time.monotonic()
-        c.wait_all(lambda r, v=version: r.version() == v, 1.0,
-                   f"version {version} on every replica within 1 s")
+        def in_force(r: Replica, v: int = version) -> bool:
+            return r.version() == v
+
+        c.wait_all(in_force, 1.0, f"version {version} on every replica within 1 s")
         took = time.monotonic() - written
         assert took < 1.0, took
         for r in c.replicas:
@@ -42,7 +46,7 @@ def test_concurrent_patches_on_different_replicas_are_all_applied(
     replicas: ClusterFactory,
 ) -> None:
     c = replicas()
-    fields = [{"switch_up": 40}, {"eagle_cap": 5}, {"switch_down": 2},
+    fields: list[dict[str, Any]] = [{"switch_up": 40}, {"eagle_cap": 5}, {"switch_down": 2},
               {"allow_client_override": True}, {"load_signal": "inflight"},
               {"strategy": "overflow"}]
     with ThreadPoolExecutor(len(fields)) as pool:

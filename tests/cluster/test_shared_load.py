@@ -1,0 +1,101 @@
+"""One load view for three replicas: the overflow cap holds across replicas, a burst stays
+within the documented overshoot bound (docs/state.md), and a replica killed with SIGKILL has
+its counts gone from the others' view within the TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+from tests.cluster.conftest import Cluster, ClusterFactory, Held, in_thread
+from tests.fixtures.procs import wait_until
+
+CAP = 4
+OVERFLOW = {"strategy": "overflow", "eagle_cap": CAP, "load_signal": "inflight"}
+
+
+def _converged(c: Cluster, total: int) -> None:
+    """Every replica's cluster view shows `total` requests in flight."""
+    c.wait_all(lambda r: sum(r.cluster_inflight().values()) == total, 10.0,
+               f"every replica's cluster view at {total} in flight")
+
+
+def _eagle_engine_load(c: Cluster) -> int:
+    state = c.group.state("eagle")
+    return int(state["running"]) + int(state["waiting"])
+
+
+def test_eagle_cap_holds_across_replicas(replicas: ClusterFactory) -> None:
+    c = replicas(policy=OVERFLOW)
+
+    async def scenario() -> None:
+        held = Held()
+        try:
+            # One at a time, round robin, each once the views agree: exactly CAP go to EAGLE-3
+            # in total (each replica alone would admit CAP of its own: 3 * CAP).
+            pools = []
+            for i in range(3 * CAP - 3):
+                pools.append(await held.open(c[i % 3].url))
+                await in_thread(_converged, c, i + 1)
+            assert pools == ["eagle"] * CAP + ["baseline"] * (2 * CAP - 3), pools
+            assert c[0].cluster_inflight() == {"gpu0-eagle": CAP,
+                                               "gpu0-baseline": 2 * CAP - 3}
+            # The engine agrees: CAP requests of the router on the EAGLE-3 server.
+            await in_thread(wait_until, lambda: _eagle_engine_load(c) == CAP, 10.0,
+                            "the EAGLE engine running CAP requests")
+        finally:
+            await held.aclose()
+        await in_thread(_converged, c, 0)
+
+        # A burst at one instant over the three replicas: within the documented bound,
+        # at most CAP admitted by each replica (cap + (R - 1) * cap from an idle cluster).
+        burst = Held()
+        try:
+            results = await asyncio.gather(*(burst.open(c[i % 3].url) for i in range(12)))
+            eagle = results.count("eagle")
+            assert CAP <= eagle <= 3 * CAP, results
+            await in_thread(_converged, c, 12)
+            # Once the views converged every replica sees the cap reached.
+            for r in c.replicas:
+                assert await burst.open(r.url) == "baseline"
+            engine = await in_thread(_eagle_engine_load, c)
+            assert engine == eagle
+            print(f"burst of 12 over 3 replicas: {eagle} admitted to EAGLE-3 (cap {CAP})")
+        finally:
+            await burst.aclose()
+
+    asyncio.run(scenario())
+    _converged(c, 0)
+
+
+def test_sigkilled_replica_counts_vanish_within_ttl(replicas: ClusterFactory) -> None:
+    ttl = 1.0
+    c = replicas(ttl_s=ttl)
+
+    async def scenario() -> None:
+        held = Held()
+        try:
+            await held.open(c[0].url)
+            for _ in range(3):
+                await held.open(c[2].url)
+            await in_thread(_converged, c, 4)
+            c[2].proc.process.signal(signal.SIGKILL)
+            killed = time.monotonic()
+            survivors = c.replicas[:2]
+            await in_thread(
+                wait_until,
+                lambda: all(sum(r.cluster_inflight().values()) == 1 for r in survivors),
+                ttl + 5.0, "the killed replica's counts to leave the survivors' view")
+            gone_after = time.monotonic() - killed
+            print(f"SIGKILLed replica's counts gone after {gone_after:.2f} s (ttl {ttl} s)")
+            # TTL, plus one refresh of the view and one /ready poll of this test.
+            assert gone_after <= ttl + 0.5, gone_after
+            for r in survivors:
+                assert r.state()["replicas_seen"] == 2
+        finally:
+            await held.aclose()
+
+    asyncio.run(scenario())
+    c.replicas = c.replicas[:2]
+    _converged(c, 0)
