@@ -60,8 +60,17 @@ async def _levels(urls: dict[str, str], levels: list[int], shape: LoadShape,
                 r = await run_level(pool_client, name, c, None, max(rounds * c, 8))
                 out[name].append(r)
                 print(f"{name:8s} c={c:<3d} {r.throughput_tok_s:9.1f} tok/s  "
-                      f"p50 {r.median_latency_s or 0:.3f} s  errors {r.errors}", flush=True)
+                      f"p50 {r.median_latency_s or 0:.3f} s  errors {r.errors}"
+                      f"{_eagle_decisions(url) if name == 'router' else ''}", flush=True)
     return out
+
+
+def _eagle_decisions(router_url: str) -> str:
+    """Running total of the router's EAGLE-3 decisions (to see which level got them)."""
+    text = httpx.get(router_url + "/metrics", timeout=5).text
+    total = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith('specrouter_decisions_total{pool="eagle"'))
+    return f"  eagle decisions so far {total:.0f}"
 
 
 def main(profile: str, time_scale: float, levels: list[int], rounds: int,
