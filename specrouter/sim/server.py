@@ -81,6 +81,15 @@ class Listener:
                                                         backlog=config.backlog)]
 
 
+async def _serve(server: _Server) -> None:
+    """uvicorn exits the process (SystemExit) when it cannot bind; turn that into an error
+    this module can report, so the sibling server shuts down cleanly too."""
+    try:
+        await server.serve()
+    except SystemExit as exc:
+        raise OSError(f"port {server.config.port}: could not start (exit {exc.code})") from None
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     kind: str  # "eagle" | "baseline"
@@ -125,7 +134,7 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
         loop.add_signal_handler(sig, stop)
     for engine in engines:
         engine.start()
-    tasks = [asyncio.ensure_future(srv.serve()) for srv in servers]
+    tasks = [asyncio.ensure_future(_serve(srv)) for srv in servers]
     while not all(srv.started for srv in servers):
         if any(t.done() for t in tasks):
             break

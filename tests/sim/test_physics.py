@@ -121,3 +121,33 @@ def test_seed_coding_table_is_its_documented_formula() -> None:
     from specrouter.sim.seedfit import TABLE, render
 
     assert TABLE.read_text() == render()
+
+
+def test_clock_catches_up_after_the_event_loop_was_blocked() -> None:
+    """Steps are booked at absolute deadlines: a loop blocked for 60 ms makes the next sleeps
+    shorter, so the simulated GPU time still matches the real time elapsed."""
+    import time
+
+    from specrouter.sim.engine import Engine, SimRequest
+    from specrouter.sim.gpu import SharedGpu, SimClock
+    from specrouter.sim.text import WordStream
+
+    async def run() -> tuple[float, float]:
+        profile = load_profile("h200-llama3-8b")
+        gpu = SharedGpu(SimClock(1.0))
+        engine = Engine("t", "baseline", profile, gpu, 7, profile.baseline)
+        engine.start()
+        engine.submit(SimRequest("r", 16, 10**6, 10**6, WordStream(random.Random(1)),
+                                 gpu.clock.real()))
+        await asyncio.sleep(0.05)
+        start_real, start_busy = gpu.clock.real(), engine.counters.busy_sim_s
+        for _ in range(3):
+            time.sleep(0.06)  # the loop is blocked: no step can start
+            await asyncio.sleep(0.1)
+        elapsed = gpu.clock.real() - start_real
+        busy = engine.counters.busy_sim_s - start_busy
+        await engine.stop()
+        return elapsed, busy
+
+    elapsed, busy = asyncio.run(run())
+    assert busy == pytest.approx(elapsed, abs=0.02)
