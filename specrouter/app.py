@@ -563,11 +563,25 @@ async def _health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def _ready_endpoint(router: Router) -> Any:
+@dataclass
+class Lifecycle:
+    """Shared by the app and the server: `draining` is set on SIGTERM (see
+    `specrouter.serve`), `active` counts requests in progress outside `DRAIN_OPEN`."""
+
+    draining: bool = False
+    active: int = 0
+
+
+#: Paths still answered while draining: probes and scrapes must see the router going away.
+DRAIN_OPEN = frozenset({"/health", "/ready", "/metrics"})
+
+
+def _ready_endpoint(router: Router, lifecycle: Lifecycle) -> Any:
     async def ready(request: Request) -> Response:
         details = router.details()
-        is_ready = any(router.healthy(b.name) for b in router.backends)
-        return JSONResponse({"ready": is_ready, **details}, status_code=200 if is_ready else 503)
+        is_ready = not lifecycle.draining and any(router.healthy(b.name) for b in router.backends)
+        return JSONResponse({"ready": is_ready, "draining": lifecycle.draining, **details},
+                            status_code=200 if is_ready else 503)
 
     return ready
 
@@ -619,18 +633,31 @@ class SpecRouterApp:
         ("POST", "/generate"): RouteKind.GENERATE,
     }
 
-    def __init__(self, starlette: Starlette, proxy: Proxy) -> None:
+    def __init__(self, starlette: Starlette, proxy: Proxy, lifecycle: Lifecycle) -> None:
         self.starlette = starlette
         self.proxy = proxy
         self.state = starlette.state
+        self.lifecycle = lifecycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] != "http" or scope["path"] in DRAIN_OPEN:
+            await self.starlette(scope, receive, send)
+            return
+        life = self.lifecycle
+        if life.draining:
+            body = openai_error_body(503, "the router is shutting down: retry on another "
+                                          "replica", code="shutting_down")
+            await _send_json(send, 503, body, [(b"connection", b"close")])
+            return
+        life.active += 1
+        try:
             kind = self._HOT.get((scope["method"], scope["path"]))
             if kind is not None:
                 await self._guarded(scope, receive, send, kind)
-                return
-        await self.starlette(scope, receive, send)
+            else:
+                await self.starlette(scope, receive, send)
+        finally:
+            life.active -= 1
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
         try:
@@ -656,6 +683,7 @@ def create_app(
         router.backends, settings.timeouts, settings.upstream
     )
     proxy = Proxy(settings, router, upstreams)
+    lifecycle = Lifecycle()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -669,7 +697,7 @@ def create_app(
 
     routes: list[BaseRoute] = [
         Route("/health", _health, methods=["GET"]),
-        Route("/ready", _ready_endpoint(router), methods=["GET"]),
+        Route("/ready", _ready_endpoint(router, lifecycle), methods=["GET"]),
         *extra_routes,
         *proxy_routes(proxy),
     ]
@@ -680,4 +708,4 @@ def create_app(
     )
     app.state.proxy = proxy
     app.state.router = router
-    return SpecRouterApp(app, proxy)
+    return SpecRouterApp(app, proxy, lifecycle)

@@ -118,9 +118,22 @@ class TimeoutSettings(_Section):
 
 
 class LimitSettings(_Section):
-    """Request size limit."""
+    """What one client may cost the router: body and request-head size, how long a request
+    head may take to arrive (slowloris), idle keep-alive time, and open connections plus
+    requests in progress (beyond `max_connections` new requests get 503)."""
 
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=4096, gt=0)
+
+
+class ShutdownSettings(_Section):
+    """On SIGTERM `/ready` turns 503 and new requests are refused at once; requests in
+    flight get up to `drain_timeout_s` to finish before the process exits."""
+
+    drain_timeout_s: float = Field(default=30.0, ge=0)
 
 
 class UpstreamSettings(_Section):
@@ -202,6 +215,7 @@ class Settings(BaseSettings):
     groups: list[str] | None = None
     timeouts: TimeoutSettings = Field(default_factory=TimeoutSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     # `load_aware` is the product; `prefer_eagle` is the simple router of the proxy core.

@@ -23,10 +23,14 @@ import json
 import logging
 import os
 import sys
+import time
+from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from specrouter import httpguard
+from specrouter.app import Lifecycle
 from specrouter.config import ConfigError, Settings, load_settings, parse_backend_spec
 
 log = logging.getLogger("specrouter.serve")
@@ -117,11 +121,16 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    limits = settings.limits
+    httpguard.apply_limits(limits.max_header_bytes, limits.header_timeout_s)
     return dict(
         host=settings.listen.host,
         port=settings.listen.port,
         loop="uvloop",
-        http="httptools",
+        # httptools plus request-head size and time limits (slowloris, huge headers).
+        http=httpguard.PROTOCOL,
+        limit_concurrency=limits.max_connections,
+        timeout_keep_alive=limits.keep_alive_timeout_s,
         lifespan="on",
         access_log=settings.listen.access_log,
         log_level=settings.listen.log_level,
@@ -129,8 +138,57 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         # No X-Forwarded-* rewriting: it would run on every request, and the router
         # does not use the client address.
         proxy_headers=False,
-        timeout_graceful_shutdown=5,
+        # Worker processes get uvicorn's own graceful shutdown (listener closed at once,
+        # open requests waited for); one process drains first (DrainingServer).
+        timeout_graceful_shutdown=max(1.0, settings.shutdown.drain_timeout_s),
     )
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a drain phase before its shutdown.
+
+    On the first SIGTERM/SIGINT the app's `draining` flag is set: `/ready` answers 503 (a
+    load balancer stops sending) and new requests get a 503 in OpenAI format, while the
+    listener stays open so probes still get an answer. Once no request is in progress, or
+    `drain_timeout_s` has passed, uvicorn's own shutdown runs: connections closed, then the
+    lifespan shutdown stops the router (counts released, store closed). A second signal
+    skips the rest of the drain.
+    """
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain_timeout_s: float):
+        super().__init__(config)
+        self._lifecycle = lifecycle
+        self._drain_timeout_s = drain_timeout_s
+        self._drain_deadline: float | None = None
+        self._drain_logged = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # A signal handler: only set flags here (no logging, no awaiting).
+        if self._lifecycle.draining or self._drain_timeout_s <= 0:
+            super().handle_exit(sig, frame)
+            return
+        super().handle_exit(sig, frame)  # records the signal, re-raised after shutdown
+        self.should_exit = False
+        self._lifecycle.draining = True
+        self._drain_deadline = time.monotonic() + self._drain_timeout_s
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if self._drain_deadline is None:
+            return False
+        active = self._lifecycle.active
+        if not self._drain_logged:
+            self._drain_logged = True
+            log.info("draining: /ready is 503, new requests refused, %d in progress "
+                     "(up to %.0f s)", active, self._drain_timeout_s)
+        if active == 0:
+            log.info("drained: no request in progress")
+            return True
+        if time.monotonic() >= self._drain_deadline:
+            log.warning("drain timeout: %d request(s) still in progress are cut", active)
+            return True
+        return False
 
 
 def describe(settings: Settings) -> str:
@@ -156,12 +214,15 @@ def _setup_logging(settings: Settings) -> None:
 def serve(settings: Settings, config_file: str | None = None,
           overrides: dict[str, Any] | None = None) -> None:
     """One process, or `settings.workers` worker processes built from the same sources."""
-    from specrouter.assembly import build_app
+    from specrouter.assembly import build_product
 
     _setup_logging(settings)
     log.info("%s", describe(settings))
     if settings.workers <= 1:
-        uvicorn.Server(uvicorn_config(settings, build_app(settings))).run()
+        product = build_product(settings)
+        config = uvicorn_config(settings, product.asgi)
+        config.timeout_graceful_shutdown = 1  # the drain already waited
+        DrainingServer(config, product.app.lifecycle, settings.shutdown.drain_timeout_s).run()
         return
     os.environ[SOURCE_ENV] = json.dumps({"config": config_file, "overrides": overrides or {}})
     uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=settings.workers,

@@ -1,0 +1,99 @@
+"""uvicorn's httptools protocol with the two limits it lacks: request-head size and time.
+
+uvicorn (0.55) bounds neither: httptools buffers a header of any size, and a connection
+that sends its request head one byte a minute (slowloris), or nothing at all, is kept open
+forever, each one holding a file descriptor and a slot of `limit_concurrency`. This
+protocol counts the bytes of each request head (request line plus headers) and answers
+431 once they pass `max_header_bytes`, and closes a connection whose head is not complete
+within `header_timeout_s` of its first byte (or of the connection opening). Bodies and
+responses are untouched: a long generation is normal, a long request head never is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from specrouter.errors import openai_error_body
+
+
+def _response(status: int, reason: bytes, message: str) -> bytes:
+    body = openai_error_body(status, message)
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n" % (status, reason, len(body))) + body
+
+
+#: What uvicorn's `http=` takes: an import string survives the trip to worker processes.
+PROTOCOL = "specrouter.httpguard:GuardedHttpToolsProtocol"
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """The limits are class attributes: uvicorn instantiates the class once per connection
+    and has no way to pass options through. `apply_limits` sets them for this process."""
+
+    max_header_bytes: int = 64 * 1024
+    header_timeout_s: float = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        # Checked after parsing: the chunk that completes the head may carry body bytes.
+        if self._in_head and self._head_bytes > self.max_header_bytes:
+            self._refuse(431, b"Request Header Fields Too Large",
+                         f"request head exceeds the {self.max_header_bytes} byte limit")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if not self._in_head:  # the next request on a keep-alive connection
+            self._in_head, self._head_bytes = True, 0
+            self._arm_head_timer()
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head:
+            self._refuse(408, b"Request Timeout",
+                         f"request head not received within {self.header_timeout_s:g} s")
+
+    def _refuse(self, status: int, reason: bytes, message: str) -> None:
+        self._cancel_head_timer()
+        if not self.transport.is_closing():
+            self.logger.warning("closing connection: %s", message)
+            self.transport.write(_response(status, reason, message))
+            self.transport.close()
+
+
+def apply_limits(max_header_bytes: int, header_timeout_s: float) -> None:
+    """Set the limits of every connection this process accepts from now on."""
+    GuardedHttpToolsProtocol.max_header_bytes = max_header_bytes
+    GuardedHttpToolsProtocol.header_timeout_s = header_timeout_s
