@@ -1,0 +1,100 @@
+"""Graceful shutdown of a real `specrouter serve` process: SIGTERM turns /ready 503 at
+once, refuses new requests with an OpenAI-format 503, lets the stream in flight finish,
+then exits; a stream longer than the drain timeout is cut when it runs out."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+
+from tests.drills.conftest import MODEL, DrillFactory, chat_body
+from tests.fixtures.procs import wait_until
+
+
+def _stream_in_thread(url: str, max_tokens: int) -> tuple[threading.Thread, dict[str, object]]:
+    """A streaming request read to its end in a thread; `seen` fills as it goes."""
+    seen: dict[str, object] = {"chunks": 0, "done": False, "error": None}
+    started = threading.Event()
+
+    def run() -> None:
+        try:
+            with httpx.stream("POST", f"{url}/v1/chat/completions",
+                              json=chat_body(max_tokens), timeout=30.0) as response:
+                seen["status"] = response.status_code
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        seen["chunks"] = int(seen["chunks"]) + 1  # type: ignore[call-overload]
+                        started.set()
+                        if line == "data: [DONE]":
+                            seen["done"] = True
+        except httpx.HTTPError as exc:
+            seen["error"] = repr(exc)
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(20), "stream never started"
+    return thread, seen
+
+
+def test_sigterm_drains_ready_503_new_requests_refused_stream_finishes(
+    drill: DrillFactory,
+) -> None:
+    d = drill(time_scale=1.0, env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "30"})
+    thread, seen = _stream_in_thread(d.url, max_tokens=150)  # ~3 s at real pace
+    assert d.router.ready()["inflight_total"] == 1
+    d.router.process.signal(signal.SIGTERM)
+
+    ready = httpx.get(f"{d.url}/ready", timeout=5.0)
+    wait_until(lambda: httpx.get(f"{d.url}/ready", timeout=5.0).status_code == 503, 5.0,
+               "/ready to turn 503")
+    ready = httpx.get(f"{d.url}/ready", timeout=5.0)
+    assert ready.json()["draining"] is True and ready.json()["ready"] is False
+    refused = httpx.post(f"{d.url}/v1/chat/completions", json=chat_body(4, stream=False),
+                         timeout=5.0)
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "shutting_down"
+    assert refused.headers["connection"] == "close"
+    assert httpx.get(f"{d.url}/health", timeout=5.0).status_code == 200  # still alive
+    assert d.router.process.proc is not None and d.router.process.proc.poll() is None
+
+    thread.join(30)
+    assert seen["status"] == 200 and seen["done"] is True and seen["error"] is None, seen
+    proc = d.router.process.proc
+    proc.wait(15)
+    log = d.router.process.output()
+    assert "draining: /ready is 503" in log and "drained: no request in progress" in log, log
+
+
+def test_drain_timeout_cuts_a_longer_stream_then_exits(drill: DrillFactory) -> None:
+    d = drill(time_scale=1.0, env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "1"})
+    thread, seen = _stream_in_thread(d.url, max_tokens=3000)  # a minute at real pace
+    d.router.process.signal(signal.SIGTERM)
+    began = time.monotonic()
+    proc = d.router.process.proc
+    assert proc is not None
+    proc.wait(15)
+    took = time.monotonic() - began
+    thread.join(10)
+    assert 0.9 <= took < 8.0, took  # the drain timeout, uvicorn's 1 s close, start-up slack
+    assert seen["done"] is False  # cut, not finished
+    assert "drain timeout: 1 request(s) still in progress are cut" in d.router.process.output()
+    # The engine saw the cut as a client disconnect: it freed the batch slot.
+    sim = d.sim()
+    wait_until(lambda: sim.state("eagle")["running"] == 0 and sim.state("eagle")["aborted"] == 1,
+               10.0, "the engine to abort the cut stream")
+
+
+def test_idle_router_exits_promptly_on_sigterm(drill: DrillFactory) -> None:
+    d = drill(env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "30"})
+    assert httpx.post(f"{d.url}/v1/chat/completions", json=chat_body(4, stream=False),
+                      timeout=10.0).json()["model"] == MODEL
+    began = time.monotonic()
+    d.router.process.signal(signal.SIGTERM)
+    assert d.router.process.proc is not None
+    d.router.process.proc.wait(10)
+    assert time.monotonic() - began < 5.0
