@@ -79,6 +79,7 @@ class StorePolicyHolder:
         self._pending: tuple[str, WriteKind] | None = None  # (actor, kind) of our own write
         self._audit_task: asyncio.Task[None] | None = None
         self.rejected = 0  # remote documents refused by validation (tests, debugging)
+        self.conflicts = 0  # writes re-merged because another replica wrote first
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -133,6 +134,7 @@ class StorePolicyHolder:
                 record = await self._store.put_policy(policy_doc(new), expected, actor)
             except VersionConflict as conflict:
                 # Another replica won: merge our body onto its policy and try again.
+                self.conflicts += 1
                 if conflict.current is not None:
                     self._on_record(conflict.current)
                 continue
