@@ -64,7 +64,8 @@ def build_product(
         health = HealthChecker(backends, settings.health, settings.breaker)
         load_aware = LoadAwareRouter(
             backends, holder, health, settings.telemetry, metrics, cost_models,
-            arrival_window_s=settings.admission.arrival_window_ms / 1000.0, state=state)
+            arrival_window_s=settings.admission.arrival_window_ms / 1000.0, state=state,
+            arrival_max_wait_s=settings.admission.arrival_max_wait_ms / 1000.0)
         admin = AdminApi(holder, load_aware.live_view, settings.admin_token,
                          settings.admin_max_body_bytes)
         extra = [*admin.routes(), *extra]

@@ -190,12 +190,14 @@ class AdmissionSettings(_Section):
     instant. Decided one by one, the first of such a burst sees an idle group and goes to
     EAGLE-3, then runs interleaved with the baseline's batch on the shared GPU and slows
     all of it. A request that would go to EAGLE-3 therefore waits until no other request
-    arrived for `arrival_window_ms` (at most 8 windows), and requests arriving meanwhile
-    count as load. Only the EAGLE-3 regime pays it (a few ms on generations of seconds);
-    0 turns it off.
+    arrived for `arrival_window_ms` (at most `arrival_max_wait_ms`: a burst whose clients
+    connect one after another keeps the first ones waiting), and requests arriving
+    meanwhile count as load. Only the EAGLE-3 regime pays it (one window at low load, a
+    few ms on generations of seconds); 0 turns it off.
     """
 
     arrival_window_ms: float = Field(default=2.0, ge=0, le=1000)
+    arrival_max_wait_ms: float = Field(default=100.0, ge=0, le=10000)
 
 
 class Settings(BaseSettings):

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from specrouter.state import Lease
 
 _ARRIVING = "(arriving)"
-_MAX_WINDOWS = 8  # a burst may hold its first request this many windows at most
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
 
 
@@ -73,6 +72,7 @@ class LoadAwareRouter:
         rng: random.Random | None = None,
         arrival_window_s: float = 0.0,
         state: ClusterState | None = None,
+        arrival_max_wait_s: float = 0.1,
     ) -> None:
         self._backends = tuple(backends)
         # Cluster mode (issue 5): loads read every replica's in-flight counts from the
@@ -80,6 +80,7 @@ class LoadAwareRouter:
         self._state = state
         self._leases: dict[int, Lease] = {}
         self._arrival_window_s = arrival_window_s
+        self._arrival_max_wait_s = max(arrival_window_s, arrival_max_wait_s)
         self._arriving = 0  # requests inside `settle`, not yet decided
         self._last_arrival = float("-inf")  # event-loop time of the latest generation request
         self._by_name = {b.name: b for b in self._backends}
@@ -136,7 +137,7 @@ class LoadAwareRouter:
         try:
             # Wait for a quiet window: a burst whose requests keep arriving (each one
             # opening its own connection) is seen whole, up to a cap.
-            cap = arrived + _MAX_WINDOWS * self._arrival_window_s
+            cap = arrived + self._arrival_max_wait_s
             while True:
                 until = min(self._last_arrival + self._arrival_window_s, cap)
                 now = loop.time()
