@@ -303,4 +303,9 @@ class StateCollector(Collector):
         transitions = CounterMetricFamily("specrouter_state_degraded_transitions",
                                           "Times the state store became unreachable")
         transitions.add_metric([], float(self._state.degraded_transitions))
-        yield from (connected, degraded, age, replicas, transitions)
+        cluster = GaugeMetricFamily("specrouter_cluster_inflight_requests",
+                                    "Requests in flight per backend over all replicas "
+                                    "(this replica's view)", labels=["backend"])
+        for name, count in sorted(self._state.store.cluster_inflight().items()):
+            cluster.add_metric([name], float(count))
+        yield from (connected, degraded, age, replicas, transitions, cluster)

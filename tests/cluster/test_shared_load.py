@@ -41,6 +41,8 @@ def test_eagle_cap_holds_across_replicas(replicas: ClusterFactory) -> None:
             assert pools == ["eagle"] * CAP + ["baseline"] * (2 * CAP - 3), pools
             assert c[0].cluster_inflight() == {"gpu0-eagle": CAP,
                                                "gpu0-baseline": 2 * CAP - 3}
+            assert f'specrouter_cluster_inflight_requests{{backend="gpu0-eagle"}} {CAP}.0' in (
+                c[1].metrics())
             # The engine agrees: CAP requests of the router on the EAGLE-3 server.
             await in_thread(wait_until, lambda: _eagle_engine_load(c) == CAP, 10.0,
                             "the EAGLE engine running CAP requests")
