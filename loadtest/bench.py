@@ -99,6 +99,22 @@ def _peer(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                                          starter=peer.start_sglang_router, multi_worker=False)}
 
 
+def _merge_meta(out: Path, command: str, elapsed_s: float) -> dict[str, Any]:
+    """When / on what / by which commands the results in `out` were measured. A second
+    run into the same folder (e.g. `--only trace`) adds its command and time."""
+    path = out / "meta.json"
+    meta: dict[str, Any] = (json.loads(path.read_text(encoding="utf-8")) if path.is_file()
+                            else {"started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
+                                  "commands": [], "elapsed_s": 0.0, "commit": ""})
+    commit = report.git_commit()
+    if meta["commit"] and meta["commit"] != commit:
+        commit = f"{meta['commit']}, then {commit}"
+    meta.update(commit=commit, elapsed_s=float(meta["elapsed_s"]) + elapsed_s,
+                commands=[*meta["commands"], command])
+    write_json(path, meta)
+    return meta
+
+
 def load_results(folder: Path) -> dict[str, Any]:
     """The scenario results a previous run wrote (same keys as `run_all`)."""
     results: dict[str, Any] = {}
@@ -135,17 +151,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status", default="",
                         help="a status line printed at the top of the report")
     args = parser.parse_args(argv)
-    started_wall = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
-    started = time.monotonic()
     out = Path(args.results or tempfile.mkdtemp(prefix="specrouter-bench-"))
     out.mkdir(parents=True, exist_ok=True)
-    results = load_results(Path(args.from_results)) if args.from_results else run_all(args, out)
+    if args.from_results:
+        folder = Path(args.from_results)
+        results = load_results(folder)
+        meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    else:
+        command = "python -m loadtest.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+        started = time.monotonic()
+        results = run_all(args, out)
+        meta = _merge_meta(out, command, time.monotonic() - started)
+        results = {**load_results(out), **results}
     report_path = Path(args.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
     images = make_plots(results, report_path.parent / "img", report_path.parent)
-    command = "python -m loadtest.bench " + " ".join(sys.argv[1:] if argv is None else argv)
-    text = report.render(results, images, [command.strip()], args.status, started_wall,
-                         time.monotonic() - started)
+    text = report.render(results, images, [str(c) for c in meta["commands"]], args.status,
+                         str(meta["started"]), float(meta["elapsed_s"]), str(meta["commit"]))
     report_path.write_text(text, encoding="utf-8")
     log(f"wrote {report_path} (raw results in {out})")
     return 0 if results else 1

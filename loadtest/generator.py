@@ -166,23 +166,44 @@ class LoadGenerator:
                     control: ControlHook | None = None) -> list[RequestResult]:
         """Run phases back to back in simulated time (scaled by `time_scale`).
 
-        A phase's users stop starting requests at its end, but the next phase begins at
-        once: requests still running overlap into it, as they would in real traffic.
+        Closed-loop phases share one set of users: user i sends requests while i is below
+        the current phase's concurrency. So going from 8 to 8 users keeps 8 in flight (no
+        doubling at the boundary), going down lets the surplus users' last requests
+        finish, as real traffic would. Each request is tagged with the phase it began in.
         """
         first = len(self.results)
         self._progress(None, "trace")
-        running: list[asyncio.Task[list[RequestResult]]] = []
+        current: list[Phase | None] = [None]
+        wake = [asyncio.Event()]
+        finished = [False]
+
+        def switch(phase: Phase | None) -> None:
+            old, wake[0] = wake[0], asyncio.Event()
+            current[0] = phase
+            old.set()
+
+        async def user(index: int) -> None:
+            while not finished[0]:
+                phase = current[0]
+                if phase is not None and phase.concurrency is not None \
+                        and index < phase.concurrency:
+                    await self.one(phase.name)
+                else:
+                    await wake[0].wait()
+
+        width = max((p.concurrency or 0) for p in phases)
+        users = [asyncio.create_task(user(i)) for i in range(width)]
+        arrivals: list[asyncio.Task[list[RequestResult]]] = []
         for phase in phases:
             if control is not None and phase.control:
                 await control(phase)
+            switch(phase)
             wall = phase.duration_s * self.time_scale
-            if phase.concurrency is not None:
-                job = self.closed_loop(phase.concurrency, duration=wall, phase=phase.name)
-            else:
-                assert phase.rate is not None
-                job = self.open_loop(phase.rate / self.time_scale, duration=wall,
-                                     phase=phase.name)
-            running.append(asyncio.create_task(job))
+            if phase.rate is not None:
+                arrivals.append(asyncio.create_task(self.open_loop(
+                    phase.rate / self.time_scale, duration=wall, phase=phase.name)))
             await asyncio.sleep(wall)
-        await asyncio.gather(*running)
+        finished[0] = True
+        switch(None)
+        await asyncio.gather(*users, *arrivals)
         return self.results[first:]
