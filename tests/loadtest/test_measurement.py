@@ -105,3 +105,26 @@ def test_open_loop_and_errors_are_recorded(sim_group: Callable[..., Any]) -> Non
     assert starts == sorted(starts)
     summary = summarize(results)
     assert summary["errors"] == 6 and summary["completed"] == 0
+
+
+def test_trace_phases_keep_concurrency_across_boundaries(sim_group: Callable[..., Any]) -> None:
+    """Two back-to-back phases of 2 users never have more than 2 requests in flight."""
+    from loadtest.generator import Phase
+
+    sim = sim_group(profile="seed-coding", time_scale=0.05)
+    shape = RequestShape(served_model(sim.baseline_url), input_tokens=50, output_tokens=16)
+    phases = [Phase("a", 20.0, concurrency=2), Phase("b", 20.0, concurrency=2),
+              Phase("c", 10.0, concurrency=1)]
+
+    async def go() -> list[RequestResult]:
+        async with LoadGenerator(sim.baseline_url, shape, load_prompts(), progress=False,
+                                 time_scale=0.05) as gen:
+            return await gen.trace(phases)
+
+    results = run_async(go())
+    assert all(r.ok for r in results)
+    assert {r.phase for r in results} == {"a", "b", "c"}
+    for r in results:
+        in_flight = sum(1 for o in results if o.start <= r.start < (o.end or 0.0))
+        assert in_flight <= 2, f"{in_flight} requests in flight at {r.start:.3f}s"
+    assert [r.phase for r in sorted(results, key=lambda r: r.start)][-1] == "c"
