@@ -197,7 +197,7 @@ class AdmissionSettings(_Section):
     """
 
     arrival_window_ms: float = Field(default=2.0, ge=0, le=1000)
-    arrival_max_wait_ms: float = Field(default=100.0, ge=0, le=10000)
+    arrival_max_wait_ms: float = Field(default=16.0, ge=0, le=10000)
 
 
 class Settings(BaseSettings):

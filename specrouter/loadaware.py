@@ -72,7 +72,7 @@ class LoadAwareRouter:
         rng: random.Random | None = None,
         arrival_window_s: float = 0.0,
         state: ClusterState | None = None,
-        arrival_max_wait_s: float = 0.1,
+        arrival_max_wait_s: float = 0.016,
     ) -> None:
         self._backends = tuple(backends)
         # Cluster mode (issue 5): loads read every replica's in-flight counts from the
