@@ -25,6 +25,10 @@ def _response(status: int, reason: bytes, message: str) -> bytes:
             b"connection: close\r\n\r\n" % (status, reason, len(body))) + body
 
 
+class _HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a refused request."""
+
+
 #: What uvicorn's `http=` takes: an import string survives the trip to worker processes.
 PROTOCOL = "specrouter.httpguard:GuardedHttpToolsProtocol"
 
@@ -39,7 +43,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = True
-        self._head_bytes = 0
+        self._raw_head_bytes = 0  # bytes received while the head is incomplete
+        self._head_size = 0  # request line plus headers as parsed
+        self._refused = False
         self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -51,24 +57,46 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         if self._in_head:
-            self._head_bytes += len(data)
+            self._raw_head_bytes += len(data)
         super().data_received(data)
-        # Checked after parsing: the chunk that completes the head may carry body bytes.
-        if self._in_head and self._head_bytes > self.max_header_bytes:
-            self._refuse(431, b"Request Header Fields Too Large",
-                         f"request head exceeds the {self.max_header_bytes} byte limit")
+        # A head still incomplete after this many bytes is refused without waiting for
+        # its end: what httptools buffers stays bounded (the limit plus one read).
+        if self._in_head and self._raw_head_bytes > self.max_header_bytes:
+            self._refuse_too_large()
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:  # our 431 went out already; the parser error is ours
+            super().send_400_response(msg)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_size = 0
         if not self._in_head:  # the next request on a keep-alive connection
-            self._in_head, self._head_bytes = True, 0
+            self._in_head, self._raw_head_bytes = True, 0
             self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        if self._head_size > self.max_header_bytes:
+            self._refuse_too_large()
+            raise _HeadRefused  # stops the parser; send_400_response stays quiet
         super().on_headers_complete()
+
+    def _refuse_too_large(self) -> None:
+        self._refuse(431, b"Request Header Fields Too Large",
+                     f"request head exceeds the {self.max_header_bytes} byte limit")
 
     def _arm_head_timer(self) -> None:
         self._cancel_head_timer()
@@ -87,6 +115,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, reason: bytes, message: str) -> None:
         self._cancel_head_timer()
+        self._refused = True
         if not self.transport.is_closing():
             self.logger.warning("closing connection: %s", message)
             self.transport.write(_response(status, reason, message))
