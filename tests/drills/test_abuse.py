@@ -171,7 +171,8 @@ def test_request_id_with_control_characters_is_not_reflected(abused: Drill) -> N
 def test_unknown_fields_reach_the_backend_byte_for_byte(router: RouterFactory) -> None:
     with Wiretap() as tap:
         r = router([{"name": "e", "url": tap.url, "pool": "eagle", "group": "g"},
-                    {"name": "b", "url": f"http://localhost:{tap.port}", "pool": "baseline", "group": "g"}],
+                    {"name": "b", "url": f"http://localhost:{tap.port}", "pool": "baseline",
+                     "group": "g"}],
                    env={"SPECROUTER_TELEMETRY__ENABLED": "false"})
         body = (b'{ "model" : "m", "messages":[{"role":"user","content":"hi \\u00e9"}],'
                 b' "x_vendor": {"nested": [1, 2.50, null]}, "stream": false ,'
