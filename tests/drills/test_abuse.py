@@ -26,8 +26,9 @@ from tests.drills.wiretap import Wiretap
 from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RouterFactory
 
-LIMITS = {"max_body_bytes": 65536, "max_header_bytes": 8192, "header_timeout_s": 1.0,
-          "keep_alive_timeout_s": 1.0, "max_connections": 32}
+MAX_BODY, MAX_HEADER, MAX_CONNECTIONS = 65536, 8192, 32
+LIMITS = {"max_body_bytes": MAX_BODY, "max_header_bytes": MAX_HEADER, "header_timeout_s": 1.0,
+          "keep_alive_timeout_s": 1.0, "max_connections": MAX_CONNECTIONS}
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_model_no_server_has_gets_the_engines_answer(abused: Drill) -> None:
 
 
 def test_huge_body_is_413_before_it_is_read_whole(abused: Drill) -> None:
-    big = b'{"prompt": "' + b"x" * (LIMITS["max_body_bytes"] * 4) + b'"}'
+    big = b'{"prompt": "' + b"x" * (MAX_BODY * 4) + b'"}'
     assert_openai_error(httpx.post(f"{abused.url}/v1/completions", content=big,
                                    timeout=10.0), 413)
 
@@ -97,7 +98,7 @@ def test_huge_body_is_413_before_it_is_read_whole(abused: Drill) -> None:
 def test_huge_header_is_431_and_the_router_keeps_serving(abused: Drill) -> None:
     port = abused.router.port
     head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-big: "
-            + b"a" * (LIMITS["max_header_bytes"] * 8) + b"\r\ncontent-length: 2\r\n\r\n{}")
+            + b"a" * (MAX_HEADER * 8) + b"\r\ncontent-length: 2\r\n\r\n{}")
     answer = raw_exchange(port, head)
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert b'"error"' in answer
@@ -139,7 +140,7 @@ def test_slowloris_connections_are_closed_after_the_header_timeout(abused: Drill
 
 def test_concurrent_connection_limit_answers_503(abused: Drill) -> None:
     held = [socket.create_connection(("127.0.0.1", abused.router.port))
-            for _ in range(LIMITS["max_connections"])]
+            for _ in range(MAX_CONNECTIONS)]
     try:
         wait_until(lambda: True, 0.1)
         refused = httpx.get(f"{abused.url}/v1/models", timeout=5.0)
@@ -155,7 +156,7 @@ def test_request_id_with_control_characters_is_not_reflected(abused: Drill) -> N
     url = f"{abused.url}/v1/chat/completions"
     for bad in ("evil\tid", "a" * 200, "x y", "é-unicode"):
         response = httpx.post(url, json=chat_body(2, stream=False), timeout=10.0,
-                              headers={"x-request-id": bad.encode("utf-8")})
+                              headers={b"x-request-id": bad.encode("utf-8")})
         rid = response.headers["x-request-id"]
         assert rid != bad and len(rid) == 32 and rid.isalnum(), rid
     # CR inside a header value (response splitting attempt) never reaches the app.
