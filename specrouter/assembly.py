@@ -62,8 +62,9 @@ def build_product(
         holder = (policy if policy is not None else
                   state.holder if state is not None else LocalPolicyHolder(settings.policy))
         health = HealthChecker(backends, settings.health, settings.breaker)
+        models = settings.group_cost_models() if cost_models is None else cost_models
         load_aware = LoadAwareRouter(
-            backends, holder, health, settings.telemetry, metrics, cost_models,
+            backends, holder, health, settings.telemetry, metrics, models,
             arrival_window_s=settings.admission.arrival_window_ms / 1000.0, state=state,
             arrival_max_wait_s=settings.admission.arrival_max_wait_ms / 1000.0)
         admin = AdminApi(holder, load_aware.live_view, settings.admin_token,

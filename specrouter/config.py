@@ -41,6 +41,8 @@ from pydantic_settings import (
 )
 
 from specrouter.breaker import BreakerConfig
+from specrouter.costmodel import GroupCostModel
+from specrouter.costsource import CostModelSource
 from specrouter.policy import Policy
 from specrouter.state import StateSettings
 
@@ -239,6 +241,10 @@ class Settings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=256)
     # Key prefix, TTL and intervals of the store (StateSettings without redis_url).
     state: StateSettings = Field(default_factory=StateSettings)
+    # Cost models of the `goodput` strategy (issue 9): `cost_model` for every group,
+    # `cost_models` per group (wins over `cost_model`). Read and checked at start-up.
+    cost_model: CostModelSource | None = None
+    cost_models: dict[str, CostModelSource] = Field(default_factory=dict)
 
     @field_validator("redis_url")
     @classmethod
@@ -270,6 +276,10 @@ class Settings(BaseSettings):
         if self.state.redis_url is not None:
             raise ValueError("state.redis_url: give the URL as redis_url "
                              "(SPECROUTER_REDIS_URL or --redis-url), not inside `state`")
+        unknown = sorted(set(self.cost_models) - set(self.group_names()))
+        if unknown:
+            raise ValueError(f"cost_models: no GPU group named {', '.join(unknown)} "
+                             f"(groups: {', '.join(self.group_names())})")
         if self.workers > 1 and self.redis_url is None:
             raise ValueError(
                 f"workers: {self.workers} workers need shared state: set SPECROUTER_REDIS_URL "
@@ -280,6 +290,15 @@ class Settings(BaseSettings):
     def group_names(self) -> list[str]:
         """GPU groups in configuration order."""
         return list(dict.fromkeys(b.group for b in self.backends))
+
+    def group_cost_models(self) -> dict[str, GroupCostModel]:
+        """The cost model of each group that has one (its own entry, else `cost_model`)."""
+        models: dict[str, GroupCostModel] = {}
+        for group in self.group_names():
+            source = self.cost_models.get(group, self.cost_model)
+            if source is not None:
+                models[group] = source.model()
+        return models
 
     @classmethod
     def settings_customise_sources(

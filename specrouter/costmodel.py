@@ -198,7 +198,7 @@ def model_from_step_table(
     ctxs = sorted({int(r.get("ctx", 0)) for r in rows})
     if ctx is None:
         if len(ctxs) > 1:
-            raise ValueError(f"table has several context lengths {ctxs}: pass ctx")
+            raise ValueError(f"table has several context lengths {ctxs}: choose one with ctx")
     else:
         nearest = min(ctxs, key=lambda c: (abs(c - ctx), c))
         rows = [r for r in rows if int(r.get("ctx", 0)) == nearest]
@@ -323,3 +323,55 @@ def ewma(previous: float | None, sample: float, alpha: float) -> float:
     if not 0.0 < alpha <= 1.0:
         raise ValueError("alpha must be in (0, 1]")
     return sample if previous is None else previous + alpha * (sample - previous)
+
+
+# --- serialisation: the cost-model JSON of `specrouter calibrate --write-cost-model` ------
+
+COST_MODEL_FORMAT = "specrouter-cost-model"
+
+
+def model_to_dict(model: GroupCostModel) -> dict[str, Any]:
+    """JSON-ready form of a model; `model_from_dict` reads it back exactly."""
+    return {
+        "format": COST_MODEL_FORMAT, "version": 1,
+        "nominal_accept_length": model.nominal_accept_length,
+        "baseline_max_batch": model.baseline_max_batch,
+        "eagle_max_batch": model.eagle_max_batch,
+        "baseline": _curve_to_dict(model.baseline), "eagle": _curve_to_dict(model.eagle),
+    }
+
+
+def _curve_to_dict(curve: StepCurve) -> dict[str, Any]:
+    if isinstance(curve, PolyCurve):
+        return {"poly": [curve.a, curve.b, curve.c]}
+    if isinstance(curve, TableCurve):
+        return {"points": [list(p) for p in curve.points]}
+    raise ValueError(f"cannot serialise a {type(curve).__name__} step curve")
+
+
+def model_from_dict(data: Mapping[str, Any]) -> GroupCostModel:
+    """A model from `model_to_dict`'s form; every malformed field is named in the error."""
+    if data.get("format") != COST_MODEL_FORMAT:
+        raise ValueError(f"not a cost-model file: 'format' must be {COST_MODEL_FORMAT!r}")
+    accept = data.get("nominal_accept_length")
+    if isinstance(accept, bool) or not isinstance(accept, int | float) or accept <= 0:
+        raise ValueError("'nominal_accept_length' must be a positive number")
+    caps = {k: data.get(k) for k in ("baseline_max_batch", "eagle_max_batch")}
+    for key, cap in caps.items():
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"'{key}' must be a positive integer or null")
+    return GroupCostModel(_curve_from_dict(data.get("baseline"), "baseline"),
+                          _curve_from_dict(data.get("eagle"), "eagle"), float(accept),
+                          caps["baseline_max_batch"], caps["eagle_max_batch"])
+
+
+def _curve_from_dict(raw: Any, key: str) -> StepCurve:
+    try:
+        if isinstance(raw, Mapping) and "poly" in raw:
+            a, b, c = (float(x) for x in raw["poly"])
+            return PolyCurve(a, b, c)
+        if isinstance(raw, Mapping) and "points" in raw:
+            return TableCurve(tuple((float(b), float(ms)) for b, ms in raw["points"]))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"'{key}' curve is malformed: {exc}") from None
+    raise ValueError(f"'{key}' must be {{'poly': [a, b, c]}} or {{'points': [[batch, ms], ...]}}")

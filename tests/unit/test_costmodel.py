@@ -78,7 +78,7 @@ def test_table_errors_are_clear() -> None:
         model_from_step_table(rows, DraftConfig(3, 1, 17))
     with pytest.raises(ValueError, match="line 2"):
         parse_step_table('{"batch": 1, "target_q1_ms": 5}\nnot json\n')
-    with pytest.raises(ValueError, match="pass ctx"):
+    with pytest.raises(ValueError, match="choose one with ctx"):
         model_from_step_table([{**rows[0], "ctx": 1}, {**rows[1], "ctx": 2}], CHAIN)
 
 
