@@ -24,7 +24,7 @@ from specrouter.config import POOLS, Pool, TelemetrySettings
 from specrouter.costmodel import GroupCostModel
 from specrouter.errors import RouterError
 from specrouter.health import HealthChecker
-from specrouter.loadview import BackendView, GroupView, LoadSignal, LoadView
+from specrouter.loadview import BackendView, EngineSample, GroupView, LoadSignal, LoadView
 from specrouter.metrics import BackendLive, LiveMetrics, RouterMetrics
 from specrouter.policy import (
     POOL_HEADER,
@@ -37,6 +37,7 @@ from specrouter.policy import (
     decide,
     group_report,
     parse_pool_header,
+    smooth_accept,
 )
 from specrouter.policyholder import PolicyHolder
 from specrouter.router import Backend, NoBackendAvailable, RequestInfo, Target
@@ -100,7 +101,7 @@ class LoadAwareRouter:
             self.poller = TelemetryPoller(
                 targets=[TelemetryTarget(b.name, b.url, b.api_key, b.pool == "eagle")
                          for b in self._backends],
-                publish=self.view.publish, publish_accept=self.view.publish_accept_length,
+                publish=self._publish_sample, publish_accept=self._publish_accept,
                 interval=telemetry.interval_s, timeout=telemetry.timeout_s,
             )
         if metrics is not None:
@@ -225,6 +226,26 @@ class LoadAwareRouter:
         await self._health.stop()
         if self._state is not None:
             await self._state.stop()
+
+    # -- telemetry -------------------------------------------------------------------------
+
+    def _publish_sample(self, name: str, sample: EngineSample) -> None:
+        self.view.publish(name, sample)
+        if sample.accept_length is not None:
+            self._observe_accept(name)
+
+    def _publish_accept(self, name: str, accept_length: float, received_at: float) -> None:
+        self.view.publish_accept_length(name, accept_length, received_at)
+        self._observe_accept(name)
+
+    def _observe_accept(self, name: str) -> None:
+        """Fold an EAGLE server's new accept-length reading into its group's average now,
+        not at the group's next decision: between two requests many readings may arrive,
+        and each must count once (decide() skips a reading already folded in)."""
+        group = self._by_name[name].group
+        now = self._clock()
+        view = self.view.group_view(group, now, lambda n: self._health.healthy(n, now))
+        self._states[group] = smooth_accept(self._policy.current, view, self._states[group])
 
     # -- decisions -------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ REASONS: tuple[str, ...] = (
     "below_switch_down", "above_switch_up", "hysteresis_hold_eagle",
     "hysteresis_hold_baseline", "below_eagle_cap", "eagle_cap_reached",
     "goodput_eagle", "goodput_baseline", "goodput_hold_eagle", "goodput_hold_baseline",
-    "goodput_dwell_eagle", "goodput_dwell_baseline", "goodput_no_model",
+    "goodput_dwell_eagle", "goodput_dwell_baseline", "goodput_no_model", "goodput_probe",
 )
 
 
@@ -59,6 +59,11 @@ class Policy(BaseModel):
     goodput_min_dwell_s: float = Field(default=1.0, ge=0)
     # EWMA weight of each new accept-length reading (1 = no smoothing)
     accept_smoothing: float = Field(default=0.3, gt=0, le=1)
+    # While goodput keeps a group on the baseline and its EAGLE server is idle (so its
+    # accept length is a frozen old reading), send one request to EAGLE-3 every this
+    # many seconds to re-measure it; 0: never (a workload whose accept length rises
+    # again is then only noticed when the load falls below the crossover).
+    goodput_probe_s: float = Field(default=0.0, ge=0)
 
     @field_validator("switch_down")
     @classmethod
@@ -130,10 +135,11 @@ class GroupState:
     since: float = float("-inf")
     accept_ewma: float | None = None
     accept_seen_at: float | None = None
+    probe_at: float = float("-inf")  # last goodput probe sent to an idle EAGLE server
 
     def as_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "since": self.since, "accept_ewma": self.accept_ewma,
-                "accept_seen_at": self.accept_seen_at}
+                "accept_seen_at": self.accept_seen_at, "probe_at": self.probe_at}
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,7 @@ def decide(
     cost_model: GroupCostModel | None = None,
 ) -> Decision:
     """The pool for one new request in `group`. Store `Decision.state` for the next one."""
-    state = _smooth_accept(policy, group, state)
+    state = smooth_accept(policy, group, state)
     load = group.load(policy.load_signal)
     eagle_ok, base_ok = group.pool_healthy("eagle"), group.pool_healthy("baseline")
     if not (eagle_ok or base_ok):
@@ -180,7 +186,7 @@ def decide(
         return _overflow(policy, group, state, load)
     if policy.strategy == "goodput":
         if cost_model is not None:
-            return _goodput(policy, state, load, now, cost_model)
+            return _probe(policy, group, _goodput(policy, state, load, now, cost_model), now)
         d = _threshold(policy, state, load, now)
         return replace(d, reason="goodput_no_model")
     return _threshold(policy, state, load, now)
@@ -209,7 +215,12 @@ def _overflow(policy: Policy, group: GroupView, state: GroupState, load: float) 
     return Decision("baseline", "eagle_cap_reached", replace(state, pool="baseline"), load)
 
 
-def _smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupState:
+def smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupState:
+    """`state` with the group's newest EAGLE accept-length reading folded into its EWMA.
+
+    Each reading counts once, however many decisions see it. The router calls this on
+    every telemetry reading too, so the average follows the server at the poll rate
+    rather than at the request rate (a quiet group must not keep a stale average)."""
     accept, seen_at = group.eagle_accept()
     if accept is None or seen_at is None or accept <= 0:
         return state
@@ -242,6 +253,19 @@ def _goodput(
     if now - state.since < policy.goodput_min_dwell_s:
         return Decision(current, f"goodput_dwell_{current}", state, load, preds)
     return Decision(best, f"goodput_{best}", _switched(state, best, now), load, preds)
+
+
+def _probe(policy: Policy, group: GroupView, d: Decision, now: float) -> Decision:
+    """Turn a baseline decision into a probe of the idle EAGLE server when its accept
+    length is due to be re-measured (see `Policy.goodput_probe_s`). One at a time: the
+    probe itself makes the EAGLE server busy, and its readings are live again."""
+    if policy.goodput_probe_s <= 0 or d.pool != "baseline" or d.state.pool != "baseline":
+        return d
+    if now - max(d.state.since, d.state.probe_at) < policy.goodput_probe_s:
+        return d
+    if any(b.load(policy.load_signal) > 0 for b in group.healthy_servers("eagle")):
+        return d
+    return replace(d, pool="eagle", reason="goodput_probe", state=replace(d.state, probe_at=now))
 
 
 # --- group choice --------------------------------------------------------------------------

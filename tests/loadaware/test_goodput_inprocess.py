@@ -1,0 +1,111 @@
+"""The goodput strategy inside LoadAwareRouter: the EAGLE server's accept-length readings
+(published by the telemetry poller) move the group's average at the poll rate, whatever
+the request rate, and an idle EAGLE server is probed to re-measure it. The poller itself
+is not started: its publish callbacks are called with the samples it would deliver."""
+
+from __future__ import annotations
+
+from specrouter.breaker import BreakerConfig
+from specrouter.config import HealthSettings, TelemetrySettings
+from specrouter.costsource import profile_model
+from specrouter.health import HealthChecker
+from specrouter.loadaware import LoadAwareRouter
+from specrouter.loadview import EngineSample
+from specrouter.policy import Policy
+from specrouter.policyholder import LocalPolicyHolder
+from specrouter.router import Backend, RequestInfo, Target
+
+EAGLE, BASE = "g0-e", "g0-b"
+GROUP = [Backend(EAGLE, "http://h:1", "eagle", "g0"), Backend(BASE, "http://h:2", "baseline", "g0")]
+CHAT = RequestInfo("/v1/chat/completions")
+# h200-llama3-8b (chain 3/1/4, EAGLE cap 48): crossover 61.6 at accept 3.0, 12.4 at 1.6.
+LOAD = 28
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(**policy: object) -> tuple[LoadAwareRouter, Clock]:
+    clock = Clock()
+    health = HealthChecker(GROUP, HealthSettings(enabled=False), BreakerConfig(), clock=clock)
+    holder = LocalPolicyHolder(Policy.model_validate({"strategy": "goodput", **policy}))
+    router = LoadAwareRouter(GROUP, holder, health, TelemetrySettings(interval_s=0.1),
+                             cost_models={"g0": profile_model("h200-llama3-8b", 2048)},
+                             clock=clock)
+    return router, clock
+
+
+def poll(router: LoadAwareRouter, clock: Clock, eagle_running: int, base_running: int,
+         accept: float) -> None:
+    """One telemetry round as the poller delivers it (/v1/loads carries the accept)."""
+    assert router.poller is not None
+    clock.now += 0.1
+    router.poller.publish(EAGLE, EngineSample(eagle_running, 0, clock.now, accept))
+    router.poller.publish(BASE, EngineSample(base_running, 0, clock.now))
+
+
+def group_view(router: LoadAwareRouter) -> dict[str, object]:
+    group: dict[str, object] = router.live_view()["groups"][0]
+    return group
+
+
+def admit(router: LoadAwareRouter) -> Target:
+    target = router.choose(CHAT)
+    router.acquire(target)
+    return target
+
+
+def test_accept_readings_between_requests_each_count() -> None:
+    router, clock = make()
+    poll(router, clock, LOAD, 0, 3.0)
+    first = admit(router)
+    assert (first.pool, first.reason) == ("eagle", "goodput_eagle")
+    router.release(first)
+    # The workload shifts; ten polls arrive and no request is decided meanwhile.
+    for _ in range(10):
+        poll(router, clock, LOAD, 0, 1.6)
+    accept = router.group_states()["g0"].accept_ewma
+    assert accept is not None and accept < 1.65  # 1.6 + 1.4 * 0.7**10 = 1.64
+    view = group_view(router)
+    assert (view["choice"], view["reason"]) == ("baseline", "goodput_baseline")
+    second = admit(router)
+    assert (second.pool, second.reason) == ("baseline", "goodput_baseline")
+
+
+def test_idle_eagle_server_is_probed_when_due() -> None:
+    router, clock = make(goodput_probe_s=5.0)
+    for _ in range(10):
+        poll(router, clock, 0, LOAD, 1.6)
+    assert admit(router).pool == "baseline"  # switches at t0; dwell from here
+    switched = clock.now
+    # Not yet due: the readings since the switch are recent enough.
+    poll(router, clock, 0, LOAD, 1.6)
+    assert admit(router).reason == "goodput_baseline"
+    while clock.now < switched + 5.0:
+        poll(router, clock, 0, LOAD, 1.6)
+    probe = admit(router)
+    assert (probe.pool, probe.reason) == ("eagle", "goodput_probe")
+    # One probe at a time: while it runs the EAGLE server's readings are live.
+    assert admit(router).reason == "goodput_baseline"
+    # The probe finds the workload accepting more again: back to EAGLE-3.
+    for _ in range(15):
+        poll(router, clock, 1, LOAD, 3.0)
+    router.release(probe)
+    clock.now += 1.0
+    back = admit(router)
+    assert (back.pool, back.reason) == ("eagle", "goodput_eagle")
+
+
+def test_no_probe_by_default() -> None:
+    router, clock = make()
+    for _ in range(10):
+        poll(router, clock, 0, LOAD, 1.6)
+    assert admit(router).pool == "baseline"
+    for _ in range(100):
+        poll(router, clock, 0, LOAD, 1.6)
+        assert admit(router).pool == "baseline"
