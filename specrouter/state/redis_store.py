@@ -204,11 +204,16 @@ class RedisStore(StateStore):
         if self._closing:
             return
         self._closing = True
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            # Bounded: shutdown must not hang on a background task, whatever it is doing.
-            await asyncio.wait(self._tasks, timeout=self._op_timeout * 2)
+        # Cancel until they are gone: redis-py sends with asyncio.wait_for, which on Python
+        # 3.11 swallows a cancellation that lands as the send completes (CPython gh-86296),
+        # and the loop would carry on (re-publishing counts after the withdraw below).
+        # Bounded: shutdown must not hang on a background task, whatever it is doing.
+        deadline = time.monotonic() + self._op_timeout * 2
+        pending = set(self._tasks)
+        while pending and time.monotonic() < deadline:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.05)
         self._tasks.clear()
         if self._up.is_set():
             with contextlib.suppress(*REDIS_ERRORS):
