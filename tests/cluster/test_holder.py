@@ -136,3 +136,23 @@ async def test_history_comes_from_the_cluster_audit_log(
                      "b's history to hold a's writes")
     newest = b.history()[0]
     assert (newest.old.switch_up, newest.new.switch_up, newest.actor) == (30, 31, "admin-a")
+
+
+async def test_stop_is_prompt_and_the_withdraw_sticks(
+    redis_server: RedisServer, cluster_states: Callable[..., Any]
+) -> None:
+    """Regression: on Python 3.11 a cancellation could be swallowed inside redis-py's send,
+    leaving the publish loop running after close(): a 2 s stall, then counts re-published."""
+    state = await cluster_states(redis_server, "gone")
+    lease = state.store.acquire("gpu0-eagle")
+    await state.store.audit(5)  # stop right after Redis calls, with publishes in flight
+    r = redis_server.client()
+    started = time.monotonic()
+    await state.stop()
+    assert time.monotonic() - started < 1.0
+    lease.release()  # a late release after close must not bring the counts back
+    watch_until = time.monotonic() + 0.3  # several publish intervals of the stopped store
+    while time.monotonic() < watch_until:
+        assert r.exists("holder:inflight:gone") == 0
+        assert r.zscore("holder:replicas", "gone") is None
+        await asyncio.sleep(0.02)
