@@ -1,0 +1,119 @@
+"""The goodput strategy end to end: a simulated H200 group (profile h200-llama3-8b), a
+`specrouter serve` configured with that profile's cost model through the environment,
+and a workload shift on the EAGLE engine (POST /sim/control accept_length) while a fixed
+load is held. The group's choice follows the live accept length: EAGLE-3 at 3.0, the
+baseline at 1.6, with /policy showing the smoothed accept length, both pools'
+predictions at the current load and the crossover at that accept length."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import openai
+
+from specrouter.costsource import profile_model
+from tests.fixtures.router import RouterFactory, group_backends
+from tests.fixtures.sim import SimGroup
+
+# The cost model's crossover (chain 3/1/4, EAGLE cap 48) is 61.6 at accept 3.0 and 12.4
+# at 1.6: a load of 28 lies well inside both regimes.
+STREAMS = 28
+MODEL = profile_model("h200-llama3-8b", 2048)
+DEADLINE_S = 60.0
+
+
+def test_model_puts_the_held_load_between_the_two_crossovers() -> None:
+    low, high = MODEL.crossover(1.6), MODEL.crossover(3.0)
+    assert low is not None and high is not None
+    assert low + 5 < STREAMS + 1 < high - 5
+
+
+async def _policy_group(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
+    view = (await client.get(f"{url}/policy")).json()
+    group: dict[str, Any] = view["groups"][0]
+    return group
+
+
+async def _until(client: httpx.AsyncClient, url: str, what: str,
+                 ok: Any) -> dict[str, Any]:
+    """Poll GET /policy until `ok(group)` holds; fail with the last view at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while True:
+        group = await _policy_group(client, url)
+        if ok(group):
+            return group
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; /policy group: {group}")
+        await asyncio.sleep(0.05)
+
+
+def _check_report(group: dict[str, Any], accept_near: float) -> None:
+    accept = group["accept_length"]
+    assert abs(accept - accept_near) < 0.35, group
+    preds = group["predictions"]
+    assert set(preds) == {"eagle", "baseline"}
+    assert all(p["load"] == group["load"] + 1 for p in preds.values())  # the new request joins
+    for p in preds.values():
+        assert p["throughput_tok_s"] > 0 and p["tpot_ms"] > 0
+    assert group["crossover"] == MODEL.crossover(accept)
+
+
+def test_choice_follows_the_live_accept_length(sim_group: Any, router: RouterFactory) -> None:
+    sim: SimGroup = sim_group(profile="h200-llama3-8b", time_scale=1.0)
+    sim.control("eagle", accept_length=3.0)
+    proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
+        "SPECROUTER_POLICY": json.dumps({"strategy": "goodput"}),
+        "SPECROUTER_COST_MODEL__PROFILE": "h200-llama3-8b",
+        "SPECROUTER_COST_MODEL__CTX": "2048",
+    })
+
+    async def scenario() -> None:
+        limits = httpx.Limits(max_connections=STREAMS + 8)
+        async with httpx.AsyncClient(timeout=120.0, limits=limits, trust_env=False) as client:
+            body = {"model": "default", "messages": [{"role": "user", "content": "go " * 50}],
+                    "max_tokens": 8000, "ignore_eos": True}
+            held = [asyncio.create_task(client.post(f"{proc.v1}/chat/completions", json=body))
+                    for _ in range(STREAMS)]
+            try:
+                eagle = await _until(
+                    client, proc.url, "the held load on EAGLE-3 at accept ~3.0",
+                    lambda g: g["load"] >= STREAMS and g["accept_length"] is not None
+                    and g["accept_length"] > 2.8)
+                assert (eagle["choice"], eagle["reason"]) == ("eagle", "goodput_eagle"), eagle
+                _check_report(eagle, 3.0)
+                assert eagle["crossover"] > eagle["load"] + 1
+                pred = eagle["predictions"]
+                assert pred["eagle"]["throughput_tok_s"] > pred["baseline"]["throughput_tok_s"]
+
+                sim.control("eagle", accept_length=1.6)
+                base = await _until(client, proc.url, "the choice to flip to the baseline",
+                                    lambda g: g["choice"] == "baseline")
+                assert base["reason"] == "goodput_baseline" and base["load"] >= STREAMS - 1
+                # The EWMA is still on its way down when the flip comes; it then settles.
+                assert base["crossover"] < base["load"] + 1
+                settled = await _until(client, proc.url, "the accept average to settle",
+                                       lambda g: g["accept_length"] < 1.8)
+                _check_report(settled, 1.6)
+                pred = settled["predictions"]
+                assert pred["baseline"]["throughput_tok_s"] > pred["eagle"]["throughput_tok_s"]
+                assert pred["baseline"]["tpot_ms"] < pred["eagle"]["tpot_ms"]
+                # A new request is decided by the model, and says so in its headers.
+                oai = openai.AsyncOpenAI(base_url=proc.v1, api_key="unused", max_retries=0)
+                raw = await oai.chat.completions.with_raw_response.create(
+                    model="default", messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=4)
+                assert raw.headers["x-specrouter-pool"] == "baseline"
+                assert raw.headers["x-specrouter-reason"] == "goodput_baseline"
+                assert raw.parse().choices[0].message.content
+                await oai.close()
+                assert all(not t.done() for t in held)  # the load was held throughout
+            finally:
+                for t in held:
+                    t.cancel()
+                await asyncio.gather(*held, return_exceptions=True)
+
+    asyncio.run(scenario())
