@@ -27,7 +27,10 @@ import sys
 import tempfile
 import time
 
-from loadtest.overhead import Conn, _free_port, _wait_http, chat_body, pct
+import httpx
+
+from loadtest.overhead import Conn, chat_body, pct
+from loadtest.procs import free_port
 from loadtest.scenarios.overhead import zero_cost_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +50,19 @@ def _router(port: int, backends: str, redis_url: str | None) -> subprocess.Popen
         env["SPECROUTER_REDIS_URL"] = redis_url
     return _start([sys.executable, "-m", "specrouter", "serve", "--port", str(port),
                    "--log-level", "warning"], env)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited early: {proc.args!r}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer")
 
 
 def _wait_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -110,7 +126,7 @@ def main() -> int:
 
     redis_server = shutil.which("redis-server") or "/usr/bin/redis-server"
     workdir = tempfile.mkdtemp(prefix="redis-overhead-")
-    redis_port, sim_port = _free_port(), _free_port()
+    redis_port, sim_port = free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
         redis = _start([redis_server, "--port", str(redis_port), "--bind", "127.0.0.1",
@@ -125,9 +141,9 @@ def main() -> int:
         _wait_http(f"http://127.0.0.1:{sim_port}/v1/models", sim)
         backends = json.dumps([{"name": "gpu0-only", "url": f"http://127.0.0.1:{sim_port}",
                                 "pool": "eagle", "group": "gpu0"}])
-        memory_port, redis_mode_port = _free_port(), _free_port()
+        memory_port, redis_mode_port = free_port(), free_port()
         routers = [(memory_port, None), (redis_mode_port, redis_url)]
-        routers += [(_free_port(), redis_url) for _ in range(args.peers)]
+        routers += [(free_port(), redis_url) for _ in range(args.peers)]
         for port, url in routers:
             proc = _router(port, backends, url)
             procs.append(proc)
