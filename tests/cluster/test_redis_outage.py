@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.conftest import MODEL, Cluster, ClusterFactory, Held, Replica, in_thread
 from tests.fixtures.procs import wait_until
+from tests.fixtures.redis import RedisServer
+from tests.fixtures.router import RouterFactory
 
 # Held streams go to the baseline, the background load to EAGLE-3 (client override), so the
 # baseline's cluster count is a stable witness of how whole each replica's view is.
@@ -130,3 +134,32 @@ def test_redis_killed_mid_load_then_restarted_empty(replicas: ClusterFactory) ->
         assert load.ok > 0
 
     asyncio.run(scenario())
+
+
+def test_router_starts_with_redis_down_and_seeds_it_when_it_appears(
+    sim_group: Any, router: RouterFactory
+) -> None:
+    group = sim_group(time_scale=0.05)
+    backends = [{"name": f"gpu0-{pool}", "url": group.url(pool), "pool": pool, "group": "gpu0"}
+                for pool in ("eagle", "baseline")]
+    redis = RedisServer()  # not started yet: its port is closed
+    try:
+        proc = router(backends, env={"SPECROUTER_REDIS_URL": redis.url(),
+                                     "SPECROUTER_POLICY": json.dumps({"switch_up": 21}),
+                                     "SPECROUTER_STATE": json.dumps({"backoff_max_s": 0.3})})
+        replica = Replica(proc)
+        ready = replica.ready()
+        assert ready["ready"] is True and ready["state"]["degraded"] is True
+        client = openai.OpenAI(base_url=f"{proc.url}/v1", api_key="none", max_retries=0)
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert reply.choices[0].message.content
+        assert replica.policy()["policy"]["switch_up"] == 21
+
+        redis.start()
+        wait_until(lambda: replica.state()["connected"], 10.0, "the router connecting")
+        stored = redis.client().hgetall("specrouter:policy")
+        assert stored["version"] == "1" and json.loads(stored["doc"])["switch_up"] == 21
+        assert replica.version() == 1
+    finally:
+        redis.stop()

@@ -76,3 +76,27 @@ def _clean_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith("SPECROUTER_")}
+
+
+def test_redis_password_never_shown(
+    redis_factory: Any, sim_group: Any, router: RouterFactory
+) -> None:
+    password = "s3cret-Pa55-for-redis"
+    server = redis_factory(password=password, user="specrouter")
+    group = sim_group(time_scale=0.05)
+    proc = router(_backends(group), extra_args=("--workers", "2", "--log-level", "debug"),
+                  env={"SPECROUTER_REDIS_URL": server.url()})
+    wait_until(lambda: httpx.get(f"{proc.url}/ready", timeout=5.0).json()["state"]["connected"],
+               20.0, "connected to the password-protected redis")
+    shown = [httpx.get(f"{proc.url}{path}", timeout=5.0).text
+             for path in ("/ready", "/policy", "/metrics")]
+    assert "specrouter:***@127.0.0.1" in shown[0]  # the user stays, the password does not
+    server.kill()  # failures are logged too: with the redacted URL only
+    wait_until(lambda: httpx.get(f"{proc.url}/ready", timeout=5.0).json()["state"]["degraded"],
+               20.0, "degraded")
+    shown.append(httpx.get(f"{proc.url}/ready", timeout=5.0).text)
+    proc.process.stop()
+    log = proc.process.output()
+    assert "unreachable" in log and "specrouter:***@" in log
+    for text in (*shown, log):
+        assert password not in text
