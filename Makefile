@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed-dev
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: test demo bench lint typecheck check redis clean
 
@@ -14,6 +15,11 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# `make bench` also needs the peer router of the `peer` scenario (sglang-router).
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(PIP) install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 redis:
 	@if command -v redis-server >/dev/null 2>&1; then :; \
@@ -35,7 +41,7 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/specrouter demo
 
-bench: $(STAMP) redis
+bench: $(BENCH_STAMP) redis
 	$(PY) -m loadtest.bench --report docs/benchmarks.md
 
 clean:

@@ -12,7 +12,9 @@ import matplotlib.pyplot as plt
 
 STYLE = {"eagle": ("tab:orange", "o", "eagle-only"),
          "baseline": ("tab:blue", "s", "baseline-only"),
-         "router": ("tab:green", "D", "specrouter")}
+         "router": ("tab:green", "D", "specrouter"),
+         "router-w0": ("tab:olive", "v", "specrouter, arrival window 0"),
+         "router-goodput": ("tab:purple", "^", "specrouter, goodput strategy")}
 
 
 def sweep_plot(profile: str, configs: dict[str, Any], path: Path) -> Path:
@@ -58,15 +60,21 @@ def trace_plot(trace: dict[str, Any], path: Path) -> Path:
         good.plot(ts, [b["goodput_tok_s"] for b in bins], color=color, label=f"{label} goodput")
         good.plot(ts, [b["output_tok_s"] for b in bins], color=color, alpha=0.35,
                   linestyle="--", label=f"{label} throughput")
-    router = trace["configs"].get("router", {})
-    bins = router.get("timeline") or []
-    if bins:
+    any_router = False
+    for config, data in trace["configs"].items():
+        bins = data.get("timeline") or []
+        if not config.startswith("router") or not bins:
+            continue
+        any_router = True
+        color, _, label = STYLE.get(config, ("gray", "x", config))
         pts = [(b["t"] + bin_s / 2, b["eagle_share"]) for b in bins if b["eagle_share"] is not None]
-        share.step([t for t, _ in pts], [v for _, v in pts], where="mid", color="tab:green",
-                   label="share of new requests to EAGLE-3")
-        for event in router.get("switch_events", [])[:200]:
-            share.axvline(event["t"], color="tab:red", alpha=0.25, linewidth=0.8)
-        share.plot([], [], color="tab:red", alpha=0.5, label="switch event")
+        share.step([t for t, _ in pts], [v for _, v in pts], where="mid", color=color,
+                   label=f"{label}: share of new requests to EAGLE-3")
+        events = data.get("switch_events", [])
+        for event in events[:300]:
+            share.axvline(event["t"], color=color, alpha=0.3, linewidth=0.8, linestyle=":")
+        share.plot([], [], color=color, alpha=0.6, linestyle=":",
+                   label=f"{label}: switch events ({len(events)})")
     start = 0.0
     for i, phase in enumerate(trace["phases"]):
         end = start + phase["duration_s"]
@@ -83,8 +91,8 @@ def trace_plot(trace: dict[str, Any], path: Path) -> Path:
     share.set_ylim(-0.05, 1.05)
     share.set_xlabel("time (simulated seconds)")
     share.grid(True, alpha=0.3)
-    if bins:
-        share.legend(fontsize=7, loc="lower right")
+    if any_router:
+        share.legend(fontsize=7, loc="center right", framealpha=0.9)
     fig.suptitle(f"trace {trace['settings']['trace']} ({trace['settings']['profile']})")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -179,6 +179,12 @@ class Stack:
         child.wait_http(f"{sim.baseline_url}/v1/models")
         return sim
 
+    def stop(self, child: Child) -> None:
+        """Stop one child before the others (e.g. a router between two sweeps)."""
+        child.stop()
+        if child in self.children:
+            self.children.remove(child)
+
     def router(self, backends: list[dict[str, Any]], env: dict[str, str] | None = None,
                extra_args: Sequence[str] = ()) -> RouterProc:
         port = free_port()

@@ -56,61 +56,112 @@ def _check(ok: bool | None, text: str) -> str:
     return "n/a" if ok is None else ("met" if ok else f"**missed** ({text})")
 
 
+ROUTER_LABELS = {
+    "router": "specrouter (calibrated threshold, default settings)",
+    "router-w0": "specrouter, arrival window off (admission.arrival_window_ms=0)",
+    "router-goodput": "specrouter, strategy goodput with the profile's cost model",
+}
+# Configs whose sweep misses are target misses: the product as shipped (issues 4/6) and
+# the goodput strategy (issue 9's envelope). router-w0 answers a question, not a target.
+TARGET_ROUTERS = ("router", "router-goodput")
+
+
+def _pools(pools: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (pools or {}).items()) or "n/a"
+
+
+def _sweep_misses(profile: str, c: int, name: str, r: dict[str, Any]) -> list[str]:
+    out = []
+    if not r["meets_throughput"]:
+        out.append(f"sweep {profile} c={c} {name}: throughput {r['throughput_ratio']:.3f}x "
+                   f"the better pool (target {THROUGHPUT_TARGET}x, short by "
+                   f"{THROUGHPUT_TARGET - r['throughput_ratio']:.3f})")
+    if not r["meets_latency"]:
+        out.append(f"sweep {profile} c={c} {name}: median latency {r['latency_ratio']:.3f}x "
+                   f"the better pool (target {LATENCY_TARGET}x, over by "
+                   f"{r['latency_ratio'] - LATENCY_TARGET:.3f})")
+    return out
+
+
+def _calibration_lines(cal: dict[str, Any] | None) -> list[str]:
+    if not cal:
+        return []
+    if cal.get("error"):
+        return [f"`specrouter calibrate` failed: `{cal['error'].splitlines()[-1][:200]}`", ""]
+    cross = cal.get("crossover")
+    return [f"Calibration: `{cal['command']}` measured the crossover at "
+            f"{_f(cross, 2) if cross is not None else 'none (EAGLE-3 ahead at every level)'}"
+            f" concurrent requests (EAGLE-3 accept length {_f(cal.get('accept_length'), 2)})"
+            f" and wrote the policy `{cal['policy']}`, applied to every router config "
+            "(SPECROUTER_POLICY).", ""]
+
+
 def sweep_section(sweep: dict[str, Any], images: dict[str, str]) -> tuple[list[str], list[str]]:
     lines: list[str] = []
     misses: list[str] = []
     s = sweep["settings"]
+    scales = sweep.get("time_scales", {})
+    scale_text = ", ".join(f"{p} {v:g}" for p, v in scales.items()) or str(s["time_scale"])
     lines += ["## Sweep: closed-loop concurrency", "",
               f"Profiles {', '.join(s['profiles'])}; {s['input_tokens']} input tokens "
               f"(4 characters per token), {s['output_tokens']} output tokens (ignore_eos); "
-              f"requests per level max({s['rounds']} x concurrency, {s['min_requests']}); "
-              f"simulator --time-scale {s['time_scale']}, all times below converted back to "
+              f"requests per level max({s['rounds']} x concurrency, {s['min_requests']}), "
+              "every level starting from an idle group; "
+              f"simulator --time-scale per profile: {scale_text}; all times below are "
               "simulated seconds. eagle-only and baseline-only go directly to that engine of "
-              "the shared-GPU group (the other engine idles); specrouter goes through "
-              "`specrouter serve` with its default policy.", "",
+              "the shared-GPU group (the other engine idles). The router configs go through "
+              "`specrouter serve` after `specrouter calibrate` ran on the same group: "
+              + "; ".join(f"`{k}`: {v}" for k, v in ROUTER_LABELS.items()) + ". "
+              "The router's timers are scaled to the simulator's clock: telemetry poll "
+              "0.1 s x time scale (SPECROUTER_TELEMETRY__INTERVAL_S), health checks 2 s x "
+              "time scale (SPECROUTER_HEALTH__INTERVAL_S), goodput dwell 1 s x time scale "
+              "(policy goodput_min_dwell_s); the arrival window stays in real ms (it is "
+              "about how far apart requests reach the router, which the simulated clock "
+              "does not change).", "",
               f"Targets: router throughput >= {THROUGHPUT_TARGET}x and median latency <= "
               f"{LATENCY_TARGET}x the better static pool, at every level.", ""]
     for profile, configs in sweep["profiles"].items():
         lines += [f"### {profile}", ""]
+        lines += _calibration_lines(sweep.get("calibration", {}).get(profile))
         if profile in images:
             lines += [f"![sweep {profile}]({images[profile]})", ""]
         levels = {c: {lv["concurrency"]: lv for lv in d.get("levels", [])}
                   for c, d in configs.items()}
         comparison = {row["concurrency"]: row for row in sweep["comparison"].get(profile, [])}
-        has_router = bool(levels.get("router"))
-        head = ["concurrency", "eagle tok/s", "baseline tok/s"]
-        head += ["router tok/s", "router/best tok/s"] if has_router else []
-        head += ["eagle p50 s", "baseline p50 s"]
-        head += ["router p50 s", "router/best p50", "router pools"] if has_router else []
+        routers = [c for c in configs if c.startswith("router") and levels.get(c)]
+        head = ["concurrency", "eagle tok/s", "baseline tok/s", "router tok/s",
+                "eagle p50 s", "baseline p50 s", "router p50 s"]
+        head += [f"{r} tok/s ratio / p50 ratio" for r in routers]
+        head += ["router pools"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for c, row in sorted(comparison.items()):
             e = levels.get("eagle", {}).get(c)
             b = levels.get("baseline", {}).get(c)
             r = levels.get("router", {}).get(c)
-            cells = [str(c), _f(e and e["output_tok_s"]), _f(b and b["output_tok_s"])]
-            if has_router:
-                cells += [_f(r and r["output_tok_s"]), _f(row.get("throughput_ratio"), 3)]
-            cells += [_f(e and e["e2e"]["p50"], 2), _f(b and b["e2e"]["p50"], 2)]
-            if has_router:
-                pools = ", ".join(f"{k} {v}" for k, v in (row.get("router_pools") or {}).items())
-                cells += [_f(r and r["e2e"]["p50"], 2), _f(row.get("latency_ratio"), 3),
-                          pools or "n/a"]
+            cells = [str(c), _f(e and e["output_tok_s"]), _f(b and b["output_tok_s"]),
+                     _f(r and r["output_tok_s"]), _f(e and e["e2e"]["p50"], 2),
+                     _f(b and b["e2e"]["p50"], 2), _f(r and r["e2e"]["p50"], 2)]
+            for name in routers:
+                v = row.get("routers", {}).get(name)
+                if v is None:
+                    cells.append("n/a")
+                    continue
+                mark = "" if v["meets_throughput"] and v["meets_latency"] else " **x**"
+                cells.append(f"{v['throughput_ratio']:.3f} / {v['latency_ratio']:.3f}{mark}")
+                if name in TARGET_ROUTERS:
+                    misses += _sweep_misses(profile, c, name, v)
+            cells.append(_pools(row.get("routers", {}).get("router", {}).get("pools")))
             lines.append("| " + " | ".join(cells) + " |")
-            if "throughput_ratio" in row and not row["meets_throughput"]:
-                misses.append(f"sweep {profile} c={c}: router throughput "
-                              f"{row['throughput_ratio']:.3f}x the better pool "
-                              f"(target {THROUGHPUT_TARGET}x, short by "
-                              f"{THROUGHPUT_TARGET - row['throughput_ratio']:.3f})")
-            if "latency_ratio" in row and not row["meets_latency"]:
-                misses.append(f"sweep {profile} c={c}: router median latency "
-                              f"{row['latency_ratio']:.3f}x the better pool "
-                              f"(target {LATENCY_TARGET}x, over by "
-                              f"{row['latency_ratio'] - LATENCY_TARGET:.3f})")
-        lines.append("")
+        lines += ["", "Ratios are router / better static pool (throughput: higher is better, "
+                  "target >= 0.97; p50: lower is better, target <= 1.05); **x** marks a "
+                  "miss.", ""]
         for config, data in configs.items():
             if data.get("error"):
                 lines += [f"{config}: could not run: `{data['error'].splitlines()[-1][:200]}`",
                           ""]
+            if data.get("decisions"):
+                text = ", ".join(f"{k} {v:.0f}" for k, v in sorted(data["decisions"].items()))
+                lines += [f"{config} decisions over the sweep (pool/reason): {text}.", ""]
         lines += _cpu_note(configs)
     return lines, misses
 
@@ -138,50 +189,88 @@ def trace_section(trace: dict[str, Any], image: str | None) -> tuple[list[str], 
     phases = ", ".join(
         f"{p['name']} {p['duration_s']:g} s at "
         + (f"concurrency {p['concurrency']}" if p["concurrency"] is not None
-           else f"{p['rate']:g} req/s")
+           else f"{p['rate']:g} req/s (Poisson)")
         + (f" with {p['control']}" if p.get("control") else "")
         for p in trace["phases"])
+    alt = s.get("alt_slo_tpot_s")
     lines = [f"## Trace `{s['trace']}` ({s['profile']})", "",
-             f"Phases: {phases}. SLO: TTFT <= {s['slo_ttft_s']} s and TPOT <= "
+             f"Phases: {phases}. Simulator --time-scale {s['time_scale']:g} (times are "
+             f"simulated seconds). SLO: TTFT <= {s['slo_ttft_s']:g} s and TPOT <= "
              f"{s['slo_tpot_s'] * 1e3:g} ms; goodput = output tokens of requests meeting "
-             "both, per second of the whole run (simulated time).", ""]
+             "both, per second of the whole run (simulated time)."
+             + (f" Second SLO: TTFT <= {s['alt_slo_ttft_s']:g} s and TPOT <= "
+                f"{alt * 1e3:g} ms." if alt else ""), ""]
+    if s.get("note"):
+        lines += [f"Why these values: {s['note']}", ""]
+    lines += _calibration_lines(trace.get("calibration"))
     if image:
         lines += [f"![trace {s['trace']}]({image})", ""]
-    lines += ["| config | goodput tok/s | throughput tok/s | SLO met | e2e p50 s | "
-              "TTFT p99 s | errors |", "|---|---|---|---|---|---|---|"]
+    phase_names = [p["name"] for p in trace["phases"]]
+    head = ["config", "goodput tok/s", "throughput tok/s", "SLO met"]
+    head += ["goodput, second SLO"] if alt else []
+    head += [f"{n} goodput" for n in phase_names]
+    head += ["e2e p50 s", "TTFT p99 s", "errors"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for config, data in trace["configs"].items():
         if "summary" not in data:
-            lines.append(f"| {config} | could not run | | | | | |")
+            lines.append(f"| {config} | could not run |" + " |" * (len(head) - 2))
             continue
         m = data["summary"]
-        lines.append(f"| {config} | {_f(m['goodput_tok_s'])} | {_f(m['output_tok_s'])} | "
-                     f"{m['slo_met']}/{m['requests']} | {_f(m['e2e']['p50'], 2)} | "
-                     f"{_f(m['ttft']['p99'], 2)} | {m['errors']} |")
-    lines.append("")
+        cells = [config, _f(m["goodput_tok_s"]), _f(m["output_tok_s"]),
+                 f"{m['slo_met']}/{m['requests']}"]
+        if alt:
+            a = m.get("alt", {})
+            cells.append(f"{_f(a.get('goodput_tok_s'))} ({a.get('slo_met', 'n/a')} met)")
+        cells += [_f(data.get("phases", {}).get(n, {}).get("goodput_tok_s"))
+                  for n in phase_names]
+        cells += [_f(m["e2e"]["p50"], 2), _f(m["ttft"]["p99"], 2), str(m["errors"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Phase goodput: tokens of that phase's requests meeting the SLO over the "
+              "phase's own span (first start to last end, so a backlog that spills into the "
+              "next phase stretches it).", ""]
     misses: list[str] = []
     cmp = trace["comparison"]
-    ratio = cmp.get("router_vs_best_static")
-    if ratio is not None:
+    for name, ratio in cmp.get("routers", {}).items():
+        if ratio is None:
+            continue
         ok = ratio >= GOODPUT_TARGET
-        lines += [f"Router goodput / best static pool ({cmp['best_static']}): "
-                  f"**{ratio:.3f}x** (target >= {GOODPUT_TARGET}x: "
-                  f"{_check(ok, f'short by {GOODPUT_TARGET - ratio:.3f}')}).", ""]
-        if not ok:
+        lines.append(f"- {name} goodput / best static pool ({cmp['best_static']}): "
+                     f"**{ratio:.3f}x** (target >= {GOODPUT_TARGET}x: "
+                     f"{_check(ok, f'short by {GOODPUT_TARGET - ratio:.3f}')})")
+        if name == "router" and not ok and s["trace"] != "accept-shift-c24":
             misses.append(f"trace {s['trace']}: router goodput {ratio:.3f}x the best static "
                           f"pool (target {GOODPUT_TARGET}x, short by "
                           f"{GOODPUT_TARGET - ratio:.3f})")
-    router = trace["configs"].get("router", {})
-    events = router.get("switch_events")
-    if events is not None:
+    g = cmp.get("goodput_vs_threshold")
+    if g is not None:
+        ok = g > 1.0
+        lines.append(f"- router-goodput / router (threshold calibrated on the first phase): "
+                     f"**{g:.3f}x** (target > 1: {_check(ok, f'short by {1.0 - g:.3f}')})")
+        if not ok:
+            misses.append(f"trace {s['trace']}: goodput strategy {g:.3f}x the calibrated "
+                          f"threshold router (target > 1)")
+    lines.append("")
+    for name, data in trace["configs"].items():
+        events = data.get("switch_events")
+        if events is None:
+            continue
         shown = ", ".join(f"{e['t']:.0f} s -> {e['to']}" for e in events[:12])
-        lines += [f"Router switch events (pool of a new request differs from the previous "
-                  f"request's): {len(events)}" + (f"; first: {shown}" if events else "") + ".",
-                  ""]
+        more = f" (and {len(events) - 12} more)" if len(events) > 12 else ""
+        lines.append(f"- {name} switch events (pool of a new request differs from the "
+                     f"previous request's): {len(events)}" + (f": {shown}{more}" if events
+                                                              else ""))
+        if data.get("decisions"):
+            text = ", ".join(f"{k} {v:.0f}" for k, v in sorted(data["decisions"].items()))
+            lines.append(f"  decisions (pool/reason): {text}; policy `{data.get('policy')}`")
+        if data.get("saturated"):
+            lines.append(f"  near a full core: {', '.join(data['saturated'])} (suspect)")
+    lines.append("")
     return lines, misses
 
 
-def overhead_section(overhead: dict[str, Any] | None,
-                     peer: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+def overhead_section(overhead: dict[str, Any] | None, peer: dict[str, Any] | None,
+                     overhead_w0: dict[str, Any] | None = None
+                     ) -> tuple[list[str], list[str]]:
     lines = ["## Overhead: router vs direct, and a peer router", "",
              "One simulated engine (the seed-coding baseline engine with zero prefill cost "
              "at --time-scale 0.25; with truly zero step cost 100 closed-loop streams "
@@ -199,7 +288,9 @@ def overhead_section(overhead: dict[str, Any] | None,
     misses: list[str] = []
     rows: list[tuple[str, dict[str, Any]]] = []
     if overhead:
-        rows.append(("specrouter", overhead))
+        rows.append(("specrouter (default settings)", overhead))
+    if overhead_w0:
+        rows.append(("specrouter, arrival window 0", overhead_w0))
     if peer:
         rows.append((peer.get("peer", "peer") + f" {peer.get('version', '')}", peer))
     lines += ["| router | streams | added TTFT p50 ms | added TTFT p99 ms | added TTFB p50 ms"
@@ -221,29 +312,40 @@ def overhead_section(overhead: dict[str, Any] | None,
             f"{_f(cores, 2)} | {_f(rate.get('cpu_bound_req_s_per_core'))} | "
             f"{m['errors_router']} |")
     lines.append("")
-    if overhead and overhead.get("summary"):
-        m = overhead["summary"]
+    for label, maybe in (("default settings", overhead), ("arrival window 0", overhead_w0)):
+        data = maybe or {}
+        if not data.get("summary"):
+            continue
+        m = data["summary"]
         over50 = f"over by {m['added_p50_ms'] - P50_TARGET_MS:.3f} ms"
         over99 = f"over by {m['added_p99_ms'] - P99_TARGET_MS:.3f} ms"
-        lines += [f"specrouter targets at {m['concurrency']} streams: added p50 < "
+        lines += [f"specrouter ({label}) targets at {m['concurrency']} streams: added p50 < "
                   f"{P50_TARGET_MS} ms: {_check(m['meets_p50'], over50)}; added p99 < "
                   f"{P99_TARGET_MS} ms: {_check(m['meets_p99'], over99)}.", ""]
         if not m["meets_p50"]:
-            misses.append(f"overhead: added TTFT p50 {m['added_p50_ms']:.3f} ms (target < "
-                          f"{P50_TARGET_MS} ms)")
+            misses.append(f"overhead ({label}): added TTFT p50 {m['added_p50_ms']:.3f} ms "
+                          f"(target < {P50_TARGET_MS} ms, over by "
+                          f"{m['added_p50_ms'] - P50_TARGET_MS:.3f})")
         if not m["meets_p99"]:
-            misses.append(f"overhead: added TTFT p99 {m['added_p99_ms']:.3f} ms (target < "
-                          f"{P99_TARGET_MS} ms)")
+            misses.append(f"overhead ({label}): added TTFT p99 {m['added_p99_ms']:.3f} ms "
+                          f"(target < {P99_TARGET_MS} ms, over by "
+                          f"{m['added_p99_ms'] - P99_TARGET_MS:.3f})")
+    if overhead and overhead.get("summary"):
         direct = overhead.get("rate_direct", {})
         lines += [f"Direct to the simulator, the same rate test reached {_f(direct.get('req_s'))}"
                   f" req/s (simulator at {_f(direct.get('cpu_cores', {}).get('target'), 2)} "
                   "cores).", ""]
-        multi = overhead.get("rate_n_workers", {})
-        if multi.get("measured"):
-            lines += [f"{multi['workers']} workers (Redis mode): {_f(multi['req_s'])} req/s, "
-                      f"{_f(multi['cpu_cores'].get('target'), 2)} cores.", ""]
-        else:
-            lines += [f"N workers: not measured ({multi.get('why', 'not run')}).", ""]
+        for label, maybe in (("default settings", overhead), ("arrival window 0", overhead_w0)):
+            data = maybe or {}
+            multi = data.get("rate_n_workers", {})
+            if multi.get("measured"):
+                lines += [f"{multi['workers']} workers (`serve --workers {multi['workers']}`, "
+                          f"Redis mode, {label}): {_f(multi['req_s'])} req/s, "
+                          f"{_f(multi['cpu_cores'].get('target'), 2)} cores; 1 worker: "
+                          f"{_f(data.get('rate_1_worker', {}).get('req_s'))} req/s.", ""]
+            elif data:
+                lines += [f"N workers ({label}): not measured "
+                          f"({multi.get('why', 'not run')}).", ""]
     return lines, misses
 
 
@@ -271,7 +373,8 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
         body += part
         misses += miss
     if "overhead" in results or "peer" in results:
-        part, miss = overhead_section(results.get("overhead"), results.get("peer"))
+        part, miss = overhead_section(results.get("overhead"), results.get("peer"),
+                                      results.get("overhead-w0"))
         body += part
         misses += miss
     lines += ["## Targets missed", ""]

@@ -31,6 +31,26 @@ BUILTIN: dict[str, list[dict[str, Any]]] = {
         {"name": "accept-3.0-again", "duration_s": 60, "concurrency": 8,
          "control": {"accept_length": 3.0}},
     ],
+    # Open loop on h200-llama3-8b (see docs/benchmarks.md for how the rates were chosen):
+    # 3 req/s keeps about 2-3 requests in the group (EAGLE-3's regime); 17 req/s is above
+    # what EAGLE-3 alone can serve (~14 req/s with prefill, batch capped at 48) and below
+    # what the baseline serves (~19 req/s at large batches).
+    "burst-open": [
+        {"name": "low", "duration_s": 30, "rate": 3.0},
+        {"name": "burst", "duration_s": 60, "rate": 17.0},
+        {"name": "low-again", "duration_s": 60, "rate": 3.0},
+    ],
+    # The accept-length shift at a steady 24 users on h200-llama3-8b: at accept 3.0
+    # EAGLE-3 serves 24 users ~1.5x better than the baseline, at 1.6 the baseline is
+    # ~1.2x better (cost model of the profile: crossover 61.6 at 3.0, 12.4 at 1.6).
+    "accept-shift-c24": [
+        {"name": "accept-3.0", "duration_s": 40, "concurrency": 24,
+         "control": {"accept_length": 3.0}},
+        {"name": "accept-1.6", "duration_s": 40, "concurrency": 24,
+         "control": {"accept_length": 1.6}},
+        {"name": "accept-3.0-again", "duration_s": 40, "concurrency": 24,
+         "control": {"accept_length": 3.0}},
+    ],
 }
 
 

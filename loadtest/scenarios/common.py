@@ -63,3 +63,91 @@ def pick(prompts: Sequence[Prompt], limit: int | None) -> list[Prompt]:
 
 
 Progress = Callable[[str], None]
+
+
+# --- the router on a sped-up simulator ------------------------------------------------------
+
+# The router's own clocks (seconds at --time-scale 1): telemetry poll, active health
+# checks, and the goodput strategy's minimum dwell between switches.
+ROUTER_TELEMETRY_S = 0.1
+ROUTER_HEALTH_S = 2.0
+ROUTER_DWELL_S = 1.0
+
+
+def router_time_env(time_scale: float) -> dict[str, str]:
+    """Settings that make the router's timers run on the simulator's clock.
+
+    The simulator runs 1 / time_scale times faster than real time; the router's timers
+    run in real time. Scaling them by `time_scale` keeps them the same number of engine
+    steps apart as at time scale 1, so the router sees the world it would see on a GPU.
+    The arrival window is NOT scaled: it is about how far apart in real time the
+    requests of a burst reach the router (client and CPU speed), which the simulator's
+    clock does not change.
+    """
+    return {"SPECROUTER_TELEMETRY__INTERVAL_S": repr(ROUTER_TELEMETRY_S * time_scale),
+            "SPECROUTER_HEALTH__INTERVAL_S": repr(ROUTER_HEALTH_S * time_scale)}
+
+
+def scaled_policy(policy: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """A policy with its time fields (goodput dwell and probe period) on the simulator's
+    clock."""
+    dwell = float(policy.get("goodput_min_dwell_s", ROUTER_DWELL_S))
+    out = {**policy, "goodput_min_dwell_s": round(dwell * time_scale, 6)}
+    if "goodput_probe_s" in policy:
+        out["goodput_probe_s"] = round(float(policy["goodput_probe_s"]) * time_scale, 6)
+    return out
+
+
+def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration_s: float,
+              input_tokens: int, output_tokens: int, out_dir: str | None, tag: str,
+              log: Callable[[str], None]) -> dict[str, Any]:
+    """`specrouter calibrate` against one simulated group, as a user would run it:
+    returns its policy (`--write-policy`), crossover and accept length (`--json`)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="calibrate-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    policy_file = folder / f"calibrate-{tag}-policy.json"
+    json_file = folder / f"calibrate-{tag}.json"
+    argv = ["specrouter", "calibrate", "--eagle-url", eagle_url, "--baseline-url", baseline_url,
+            "--concurrency", ",".join(map(str, levels)), "--duration", f"{duration_s:g}",
+            "--input-tokens", str(input_tokens), "--output-tokens", str(output_tokens),
+            "--write-policy", str(policy_file), "--json", str(json_file)]
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,
+                          timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"specrouter calibrate failed ({done.returncode}): "
+                           f"{done.stderr[-1500:]}")
+    data = json.loads(json_file.read_text(encoding="utf-8"))
+    policy = json.loads(policy_file.read_text(encoding="utf-8"))
+    log(f"  calibrate {tag}: crossover {data.get('crossover')} accept "
+        f"{data.get('accept_length')} -> {policy} ({time.perf_counter() - started:.0f} s)")
+    command = " ".join(a if a not in (eagle_url, baseline_url) else
+                       ("EAGLE_URL" if a == eagle_url else "BASELINE_URL") for a in argv)
+    return {"policy": policy, "crossover": data.get("crossover"),
+            "accept_length": data.get("accept_length"), "levels": data.get("levels"),
+            "command": command.replace(str(folder) + "/", "")}
+
+
+def decision_counts(router_url: str) -> dict[str, float]:
+    """The router's decisions so far, by `pool/reason` (from /metrics)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{router_url}/metrics", timeout=5.0).text
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("specrouter_decisions_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        fields = dict(part.split("=", 1) for part in labels[labels.index("{") + 1:-1].split(","))
+        key = f"{fields.get('pool', '?').strip(chr(34))}/{fields.get('reason', '?').strip(chr(34))}"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,8 @@ class OverheadSettings:
     seed: int = 7
     progress: bool = False
     out_dir: str | None = None
+    # extra router environment, e.g. {"SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
+    router_env: dict[str, str] = field(default_factory=dict)
 
 
 def zero_cost_profile(factor: float) -> Path:
@@ -80,9 +82,10 @@ def one_backend(url: str) -> list[dict[str, str]]:
     return [{"name": "gpu0-only", "url": url, "pool": "eagle", "group": "gpu0"}]
 
 
-def start_specrouter(stack: Stack, engine_url: str) -> tuple[str, int]:
+def start_specrouter(stack: Stack, engine_url: str,
+                     env: dict[str, str] | None = None) -> tuple[str, int]:
     backends = one_backend(engine_url)
-    router = stack.router(backends)
+    router = stack.router(backends, env=env)
     return router.url, router.child.pid
 
 
@@ -169,7 +172,9 @@ def multi_worker_rate(s: OverheadSettings, model: str, engine_url: str,
                                               "--appendonly", "no"]))
     del redis_child
     try:
-        router = stack.router(one_backend(engine_url), env={"SPECROUTER_REDIS_URL": f"redis://127.0.0.1:{port}"},
+        router = stack.router(one_backend(engine_url),
+                              env={"SPECROUTER_REDIS_URL": f"redis://127.0.0.1:{port}",
+                                   **s.router_env},
                               extra_args=["--workers", str(s.workers)])
     except RuntimeError as exc:
         return {"measured": False, "why": f"router with --workers failed: {str(exc)[:300]}"}
@@ -177,8 +182,11 @@ def multi_worker_rate(s: OverheadSettings, model: str, engine_url: str,
             **max_rate(s, model, router.url, router.child.pid)}
 
 
-def measure(s: OverheadSettings, starter: RouterStarter = start_specrouter,
+def measure(s: OverheadSettings, starter: RouterStarter | None = None,
             multi_worker: bool = True) -> dict[str, Any]:
+    if starter is None:
+        def starter(stack: Stack, url: str) -> tuple[str, int]:
+            return start_specrouter(stack, url, s.router_env)
     profile = zero_cost_profile(s.step_cost_factor)
     with Stack() as stack:
         sim = stack.sim_group("gpu0", str(profile), s.time_scale, s.seed)

@@ -6,6 +6,11 @@ do not leak into the next). The router's choice per request comes from its
 `x-specrouter-pool` response header; a switch event is a change of that choice between
 consecutive requests, and the timeline bins the share of new requests sent to EAGLE-3.
 The router's `/policy` view is also sampled while it runs, when it has one.
+
+Router configs are the sweep's variants (`router`, `router-w0`, `router-goodput`): before
+the first of them, `specrouter calibrate` measures the group with the first phase's
+control applied (e.g. accept length 3.0), and its policy is what every variant starts
+with; the router's timers run on the simulator's clock (`router_time_env`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,11 +30,13 @@ from loadtest.generator import LoadGenerator, Phase
 from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
 from loadtest.procs import SimGroup, Stack, served_model, sim_control
 from loadtest.promptset import RequestShape, load_prompts
-from loadtest.scenarios.common import CpuWatch, run_async, saturated
+from loadtest.scenarios.common import CpuWatch, calibrate, decision_counts, run_async, saturated
+from loadtest.scenarios.sweep import DEFAULT_LEVELS, VARIANTS, router_env
 from loadtest.traces import load_trace, scaled
 
 DEFAULT_TIME_SCALE = 0.1
 CONFIGS = ("eagle", "baseline", "router")
+ALL_CONFIGS = ("eagle", "baseline", *VARIANTS)
 GOODPUT_TARGET = 1.15
 
 
@@ -45,6 +53,13 @@ class TraceSettings:
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.1
     bin_s: float = 10.0  # timeline bin, simulated seconds
+    # a second, looser SLO reported next to the first (None: not reported)
+    alt_slo_ttft_s: float | None = None
+    alt_slo_tpot_s: float | None = None
+    calibrate: bool = True
+    calibrate_levels: list[int] = field(default_factory=lambda: list(DEFAULT_LEVELS))
+    calibrate_duration_s: float = 4.0
+    note: str = ""  # why this trace, SLO and profile (for the report)
     progress: bool = True
     router_env: dict[str, str] = field(default_factory=dict)
     out_dir: str | None = None
@@ -52,6 +67,12 @@ class TraceSettings:
     @property
     def slo(self) -> SLO:
         return SLO(self.slo_ttft_s, self.slo_tpot_s)
+
+    @property
+    def alt_slo(self) -> SLO | None:
+        if self.alt_slo_ttft_s is None or self.alt_slo_tpot_s is None:
+            return None
+        return SLO(self.alt_slo_ttft_s, self.alt_slo_tpot_s)
 
 
 async def _sample_policy(url: str, t0: float, samples: list[dict[str, Any]],
@@ -146,29 +167,58 @@ def timeline(results: list[RequestResult], s: TraceSettings) -> list[dict[str, A
     return bins
 
 
-def run_config(config: str, s: TraceSettings, phases: list[Phase]) -> dict[str, Any]:
+def _router_policy(s: TraceSettings, sim: SimGroup, phases: list[Phase],
+                   cache: dict[str, Any], log: Any) -> dict[str, Any]:
+    """The calibrated policy (measured once per trace, on the first router config's
+    group, with the first phase's control in force)."""
+    if not s.calibrate:
+        return {}
+    if "calibration" not in cache:
+        if phases and phases[0].control:
+            sim_control(sim.eagle_url, phases[0].control)
+        try:
+            cache["calibration"] = calibrate(
+                sim.eagle_url, sim.baseline_url, s.calibrate_levels, s.calibrate_duration_s,
+                s.input_tokens, s.output_tokens, s.out_dir, f"{s.trace}-{s.profile}", log)
+        except RuntimeError as exc:
+            cache["calibration"] = {"error": str(exc)[-2000:], "policy": {}}
+    return dict(cache["calibration"].get("policy") or {})
+
+
+def run_config(config: str, s: TraceSettings, phases: list[Phase],
+               cache: dict[str, Any] | None = None, log: Any = print) -> dict[str, Any]:
+    cache = {} if cache is None else cache
+    env: dict[str, str] = {}
+    decisions: dict[str, float] = {}
     with Stack() as stack:
         sim = stack.sim_group("gpu0", s.profile, s.time_scale, s.seed)
         model = served_model(sim.eagle_url)
         pids = {"sim": sim.child.pid}
         router_url = None
-        if config == "router":
-            router = stack.router(sim.backends(), env=s.router_env)
+        if config.startswith("router"):
+            policy = _router_policy(s, sim, phases, cache, log)
+            env = router_env(policy, config, s.time_scale, s.profile)
+            router = stack.router(sim.backends(), env={**env, **s.router_env})
             router_url, pids["router"] = router.url, router.child.pid
         url = {"eagle": sim.eagle_url, "baseline": sim.baseline_url}.get(config, router_url)
         assert url is not None
         watch = CpuWatch(pids)
         results, samples = run_async(_drive(url, model, s, phases, sim, router_url))
         shares = watch.shares()
+        if router_url is not None:
+            decisions = decision_counts(router_url)
     out: dict[str, Any] = {
-        "summary": summarize(results, time_scale=s.time_scale, slo=s.slo),
-        "phases": {p.name: summarize([r for r in results if r.phase == p.name],
-                                     time_scale=s.time_scale, slo=s.slo) for p in phases},
+        "summary": _summary(results, s),
+        "phases": {p.name: _summary([r for r in results if r.phase == p.name], s)
+                   for p in phases},
         "timeline": timeline(results, s),
         "cpu_cores": shares, "saturated": saturated(shares),
     }
-    if config == "router":
+    if router_url is not None:
         out["switch_events"] = switch_events(results, s.time_scale)
+        out["decisions"] = decisions
+        out["policy"] = json.loads(env["SPECROUTER_POLICY"])
+        out["env"] = {k: v for k, v in env.items() if k != "SPECROUTER_POLICY"}
         out["policy_samples"] = len(samples)
         if samples:
             out["policy_last"] = samples[-1]["policy"]
@@ -179,21 +229,34 @@ def run_config(config: str, s: TraceSettings, phases: list[Phase]) -> dict[str, 
     return out
 
 
+def _summary(results: list[RequestResult], s: TraceSettings) -> dict[str, Any]:
+    out = summarize(results, time_scale=s.time_scale, slo=s.slo)
+    alt = s.alt_slo
+    if alt is not None and results:
+        loose = summarize(results, time_scale=s.time_scale, slo=alt)
+        out["alt"] = {k: loose[k] for k in ("goodput_tok_s", "slo_met", "slo")}
+    return out
+
+
 def run_trace(s: TraceSettings, log: Any = print) -> dict[str, Any]:
     phases = scaled(load_trace(s.trace), s.length_factor)
     result: dict[str, Any] = {"scenario": "trace", "settings": asdict(s),
                               "phases": [asdict(p) for p in phases], "configs": {}}
+    cache: dict[str, Any] = {}
     for config in s.configs:
         try:
-            result["configs"][config] = run_config(config, s, phases)
+            result["configs"][config] = run_config(config, s, phases, cache, log)
         except RuntimeError as exc:
             result["configs"][config] = {"error": str(exc)[-2000:]}
             log(f"  trace {s.trace} {config}: FAILED {str(exc)[:200]}")
             continue
         summary = result["configs"][config]["summary"]
-        log(f"  trace {s.trace} {config:8s} goodput {summary['goodput_tok_s']:8.1f} tok/s  "
+        log(f"  trace {s.trace} {config:14s} goodput {summary['goodput_tok_s']:8.1f} tok/s  "
             f"throughput {summary['output_tok_s']:8.1f} tok/s  SLO met "
-            f"{summary['slo_met']}/{summary['requests']}")
+            f"{summary['slo_met']}/{summary['requests']}  "
+            f"{result['configs'][config].get('decisions', '')}")
+    if "calibration" in cache:
+        result["calibration"] = cache["calibration"]
     result["comparison"] = compare(result)
     if s.out_dir:
         write_json(Path(s.out_dir) / f"trace-{s.trace}.json", result)
@@ -201,16 +264,22 @@ def run_trace(s: TraceSettings, log: Any = print) -> dict[str, Any]:
 
 
 def compare(result: dict[str, Any]) -> dict[str, Any]:
+    """Each router config against the better static pool on goodput (and, when both ran,
+    the goodput strategy against the threshold router)."""
     goodput = {c: v["summary"]["goodput_tok_s"] for c, v in result["configs"].items()
                if "summary" in v}
-    static = {c: g for c, g in goodput.items() if c != "router"}
-    out: dict[str, Any] = {"goodput_tok_s": goodput}
-    if static and "router" in goodput:
+    static = {c: g for c, g in goodput.items() if not c.startswith("router")}
+    out: dict[str, Any] = {"goodput_tok_s": goodput, "target": GOODPUT_TARGET, "routers": {}}
+    if static:
         best = max(static, key=lambda c: static[c])
         out["best_static"] = best
-        out["router_vs_best_static"] = (goodput["router"] / static[best]
-                                        if static[best] > 0 else None)
-        out["target"] = GOODPUT_TARGET
+        for c, g in goodput.items():
+            if c.startswith("router"):
+                out["routers"][c] = g / static[best] if static[best] > 0 else None
+        if "router" in out["routers"]:
+            out["router_vs_best_static"] = out["routers"]["router"]
+    if "router" in goodput and "router-goodput" in goodput and goodput["router"] > 0:
+        out["goodput_vs_threshold"] = goodput["router-goodput"] / goodput["router"]
     return out
 
 
