@@ -12,7 +12,12 @@ throughput catches up with EAGLE-3's, interpolated between levels) and the polic
   clients C - 1 requests are then already in the group, so the group load that should
   switch to the baseline is `crossover - 1` (`switch_up`); `switch_down` sits a band
   below it (at least one request wide) so a load wobbling by one request does not flap;
-- overflow: EAGLE-3 keeps up to floor(crossover) requests in flight (`eagle_cap`).
+- overflow: EAGLE-3 keeps up to floor(crossover) requests in flight (`eagle_cap`);
+- goodput: the sweep is fitted into a cost model of the group (`fit_group_model`: step
+  time against batch for each pool, the EAGLE curve at the accept length the server
+  reported during the sweep), `--write-cost-model FILE` writes it for the router's
+  `cost_model.file`, and the policy is `strategy: goodput` (the threshold band is kept
+  too: a group the router has no model for falls back to it).
 
 `--apply` PATCHes them into a running router's `/policy`; `--write-policy FILE` writes
 them for `specrouter serve --policy-file FILE`.
@@ -36,6 +41,14 @@ from typing import Any
 
 import httpx
 
+from specrouter.costmodel import (
+    GroupCostModel,
+    SweepPoint,
+    TableCurve,
+    fit_group_model,
+    model_to_dict,
+    step_ms_from_sweep,
+)
 from specrouter.telemetry import TelemetryParseError, parse_server_info_accept, parse_v1_loads
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -207,30 +220,64 @@ async def read_accept_length(base_url: str, client: httpx.AsyncClient) -> float 
     return None
 
 
+async def read_max_running(base_url: str, client: httpx.AsyncClient) -> int | None:
+    """The server's max running requests (its largest decode batch), if it says."""
+    base = base_url.rstrip("/")
+    try:
+        resp = await client.get(f"{base}/v1/loads?include=core", timeout=5.0)
+        if resp.status_code == 200:
+            cap = parse_v1_loads(resp.json(), 0.0).max_running
+            if cap:
+                return cap
+        resp = await client.get(f"{base}/server_info", timeout=5.0)
+        if resp.status_code == 200:
+            value = resp.json().get("max_running_requests")
+            return value if isinstance(value, int) and value > 0 else None
+    except (httpx.HTTPError, ValueError, TelemetryParseError, AttributeError):
+        return None
+    return None
+
+
+@dataclass
+class SweepFacts:
+    """What the servers reported during the sweep: the EAGLE accept length after each of
+    its levels (None where it reported none) and each pool's max running requests."""
+
+    accept_by_level: dict[int, float | None] = field(default_factory=dict)
+    max_running: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def accept_length(self) -> float | None:
+        """Mean over the levels that reported one: the accept length the sweep ran at."""
+        values = [a for a in self.accept_by_level.values() if a is not None and a > 0]
+        return statistics.fmean(values) if values else None
+
+
 async def sweep(
     urls: Mapping[str, str], levels: Sequence[int], shape: LoadShape, api_key: str | None,
     duration_s: float | None, requests: int | None, echo: bool = True,
-) -> tuple[dict[str, list[LevelResult]], float | None]:
-    """Both pools, one after the other; returns the results and EAGLE's accept length."""
+) -> tuple[dict[str, list[LevelResult]], SweepFacts]:
+    """Both pools, one after the other; returns the results and what the servers said."""
     limits = httpx.Limits(max_connections=max(levels) + 8, max_keepalive_connections=max(levels))
     timeout = httpx.Timeout(600.0, connect=10.0)
     results: dict[str, list[LevelResult]] = {}
-    accept: float | None = None
+    facts = SweepFacts()
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         if shape.model is None:
             shape = replace(shape, model=await served_model(urls["eagle"], api_key, client))
         for pool, url in urls.items():
+            facts.max_running[pool] = await read_max_running(url, client)
             pool_client = PoolClient(url, shape, api_key, client)
             await pool_client.one(LevelResult(pool, 1))  # warm-up, not counted
             results[pool] = []
             for level in levels:
                 result = await run_level(pool_client, pool, level, duration_s, requests)
                 results[pool].append(result)
+                if pool == "eagle":  # the window of the last steps: this level's workload
+                    facts.accept_by_level[level] = await read_accept_length(url, client)
                 if echo:
                     print(_row(result), flush=True)
-            if pool == "eagle":
-                accept = await read_accept_length(url, client)
-    return results, accept
+    return results, facts
 
 
 # --- deriving the policy ------------------------------------------------------------------
@@ -280,6 +327,63 @@ def recommend(results: Mapping[str, Sequence[LevelResult]], strategy: str) -> Re
         up, down = thresholds(cross, top)
         patch.update(switch_up=up, switch_down=down)
     return Recommendation(cross, strategy, patch, better)
+
+
+FITS = ("table", "linear", "quadratic")
+
+
+def fit_model(results: Mapping[str, Sequence[LevelResult]], facts: SweepFacts,
+              fit: str = "table") -> GroupCostModel:
+    """The group's cost model from the sweep.
+
+    Each level is inverted into a step time at its batch (`step = 1000 * C * tokens per
+    step / throughput`; a level above a server's max running requests decoded only that
+    many at once, the rest waited, so it is inverted at that batch). `table` joins the
+    points piecewise linearly, so the model reproduces the measured ratio at every level
+    (and the measured crossover); `linear` / `quadratic` least-squares fit a curve
+    (smoother, but a few % of error at small batches can move the crossover a lot).
+    Raises ValueError when the sweep cannot give a model (no accept length, too few
+    levels)."""
+    accept = facts.accept_length
+    if accept is None:
+        raise ValueError("the EAGLE server reported no accept length during the sweep "
+                         "(/v1/loads speculative.accept_length or /server_info "
+                         "internal_states[].avg_spec_accept_length)")
+    caps = {p: facts.max_running.get(p) for p in ("eagle", "baseline")}
+
+    def points(pool: str) -> list[SweepPoint]:
+        cap = caps[pool]
+        return [SweepPoint(min(r.concurrency, cap) if cap else r.concurrency,
+                           r.throughput_tok_s) for r in results[pool]]
+
+    if fit != "table":
+        return fit_group_model(points("baseline"), points("eagle"), accept,
+                               quadratic=fit == "quadratic",
+                               baseline_max_batch=caps["baseline"], eagle_max_batch=caps["eagle"])
+    return GroupCostModel(_table(points("baseline"), 1.0), _table(points("eagle"), accept),
+                          accept, caps["baseline"], caps["eagle"])
+
+
+def _table(points: Sequence[SweepPoint], tokens_per_step: float) -> TableCurve:
+    """Step times at each measured batch (levels sharing a batch, beyond a server's cap,
+    averaged)."""
+    by_batch: dict[int, list[float]] = {}
+    for p in points:
+        by_batch.setdefault(p.concurrency, []).append(step_ms_from_sweep(p, tokens_per_step))
+    return TableCurve(tuple((float(b), statistics.fmean(v)) for b, v in by_batch.items()))
+
+
+def model_report(model: GroupCostModel) -> str:
+    """The fitted model's crossover at the sweep's accept length and around it."""
+    def fmt(x: float | None) -> str:
+        return "never (EAGLE-3 ahead)" if x is None else f"{x:.1f}"
+
+    nominal = model.nominal_accept_length
+    lines = [f"cost model (accept length {nominal:.2f}): crossover at "
+             f"{fmt(model.crossover(nominal))} concurrent requests"]
+    others = ", ".join(f"{a:g}: {fmt(model.crossover(a))}" for a in (1.6, 2.0, 2.5, 3.0, 4.0))
+    lines.append(f"  crossover at other accept lengths: {others}")
+    return "\n".join(lines)
 
 
 def thresholds(cross: float | None, top_level: int) -> tuple[float, float]:
@@ -356,7 +460,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     amount.add_argument("--requests", type=int, help="requests per level instead of a duration")
     parser.add_argument("--input-tokens", type=int, default=1000)
     parser.add_argument("--output-tokens", type=int, default=256)
-    parser.add_argument("--strategy", choices=["threshold", "overflow"], default="threshold")
+    parser.add_argument("--strategy", choices=["threshold", "overflow", "goodput"],
+                        default="threshold",
+                        help="policy to derive; goodput fits the group's cost model")
+    parser.add_argument("--write-cost-model", metavar="FILE",
+                        help="write the cost model fitted from the sweep (for the router's "
+                             "cost_model.file / SPECROUTER_COST_MODEL__FILE)")
+    parser.add_argument("--fit", choices=FITS, default="table",
+                        help="cost model curves: table (through the measured levels, "
+                             "default), linear (a + b*B) or quadratic (+ c*B^2)")
     parser.add_argument("--router-url", help="router whose /policy --apply changes")
     parser.add_argument("--admin-token", help="the router's admin token "
                                               "(also: SPECROUTER_ADMIN_TOKEN)")
@@ -382,21 +494,41 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("SPECROUTER_API_KEY")
     urls = {"eagle": args.eagle_url, "baseline": args.baseline_url}
     try:
-        results, accept = asyncio.run(sweep(urls, args.concurrency, shape, api_key,
-                                            duration, args.requests))
+        results, facts = asyncio.run(sweep(urls, args.concurrency, shape, api_key,
+                                           duration, args.requests))
     except KeyboardInterrupt:
         return 130
     if any(r.requests == 0 for rs in results.values() for r in rs):
         print("specrouter calibrate: a level completed no request; check the servers",
               file=sys.stderr)
         return 1
+    accept = facts.accept_length
     rec = recommend(results, args.strategy)
     print(report(results, rec, accept))
+    model: GroupCostModel | None = None
+    if args.strategy == "goodput" or args.write_cost_model:
+        try:
+            model = fit_model(results, facts, args.fit)
+        except ValueError as exc:
+            print(f"specrouter calibrate: cannot fit the cost model: {exc}", file=sys.stderr)
+            return 1
+        print(model_report(model))
     if args.json:
         _write_json(args.json, {"levels": {p: [r.summary() for r in rs]
                                            for p, rs in results.items()},
-                                "accept_length": accept, "crossover": rec.crossover,
-                                "policy": rec.patch, "shape": asdict(shape)})
+                                "accept_length": accept,
+                                "accept_length_by_level": facts.accept_by_level,
+                                "max_running_requests": facts.max_running,
+                                "crossover": rec.crossover, "policy": rec.patch,
+                                "cost_model": None if model is None else model_to_dict(model),
+                                "shape": asdict(shape)})
+    if model is not None and args.write_cost_model:
+        _write_json(args.write_cost_model, {**model_to_dict(model), "calibration": {
+            "shape": asdict(shape), "levels": list(args.concurrency), "fit": args.fit,
+            "crossover_measured": rec.crossover,
+            "crossover_model": model.crossover(model.nominal_accept_length)}})
+        print(f"cost model written to {args.write_cost_model} "
+              f"(serve with SPECROUTER_COST_MODEL__FILE={args.write_cost_model})")
     if args.write_policy:
         _write_json(args.write_policy, rec.patch)
         print(f"policy written to {args.write_policy}")
@@ -407,6 +539,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"specrouter calibrate: could not apply the policy: {exc}", file=sys.stderr)
             return 1
         print(f"applied to {args.router_url}: policy version {applied['policy']['version']}")
+        if args.strategy == "goodput":
+            print("note: the router predicts with the cost models of its own configuration "
+                  "(cost_model / cost_models); a group without one uses the threshold band")
     return 0
 
 

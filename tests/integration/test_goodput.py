@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 
+from specrouter.costmodel import GroupCostModel, model_from_dict
 from specrouter.costsource import profile_model
+from tests.fixtures.procs import REPO_ROOT, specrouter_argv
 from tests.fixtures.router import RouterFactory, group_backends
 from tests.fixtures.sim import SimGroup
+from tests.integration.conftest import ADMIN_TOKEN
 
 # The cost model's crossover (chain 3/1/4, EAGLE cap 48) is 61.6 at accept 3.0 and 12.4
 # at 1.6: a load of 28 lies well inside both regimes.
@@ -117,3 +122,60 @@ def test_choice_follows_the_live_accept_length(sim_group: Any, router: RouterFac
                 await asyncio.gather(*held, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_calibrate_goodput_fits_writes_and_serves_the_cost_model(
+    sim_group: Any, router: RouterFactory, tmp_path: Path,
+) -> None:
+    sim: SimGroup = sim_group(profile="seed-coding", time_scale=0.05)
+    backends = group_backends(sim.eagle_url, sim.baseline_url)
+    live = router(backends, env={"SPECROUTER_ADMIN_TOKEN": ADMIN_TOKEN})
+    model_file, policy_file, sweep_file = (tmp_path / n for n in
+                                           ("model.json", "policy.json", "sweep.json"))
+    done = subprocess.run(
+        specrouter_argv("calibrate", "--eagle-url", sim.eagle_url,
+                        "--baseline-url", sim.baseline_url, "--concurrency", "1,2,4,8",
+                        "--requests", "8", "--input-tokens", "200", "--output-tokens", "64",
+                        "--strategy", "goodput", "--write-cost-model", str(model_file),
+                        "--write-policy", str(policy_file), "--json", str(sweep_file),
+                        "--router-url", live.url, "--admin-token", ADMIN_TOKEN, "--apply"),
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cost model (accept length" in done.stdout and "cost model written" in done.stdout
+
+    sweep = json.loads(sweep_file.read_text())
+    model = model_from_dict(json.loads(model_file.read_text()))
+    # Fitted at the accept length the EAGLE server reported during the sweep, with both
+    # servers' max running requests (seed-coding: the simulator's 48 and 256).
+    assert sweep["accept_length"] is not None and sweep["accept_length"] > 1.0
+    assert model.nominal_accept_length == sweep["accept_length"]
+    assert (model.eagle_max_batch, model.baseline_max_batch) == (48, 256)
+    # The table fit reproduces the measured EAGLE/baseline ratio at every level.
+    for e, b in zip(sweep["levels"]["eagle"], sweep["levels"]["baseline"], strict=True):
+        measured = e["throughput_tok_s"] / b["throughput_tok_s"]
+        assert abs(model.ratio(e["concurrency"], model.nominal_accept_length) - measured) < 0.01
+    assert f"crossover at {_fmt_crossover(model)}" in done.stdout
+
+    assert json.loads(policy_file.read_text())["strategy"] == "goodput"
+    applied = httpx.get(f"{live.url}/policy", timeout=5.0).json()
+    assert (applied["policy"]["strategy"], applied["policy"]["version"]) == ("goodput", 2)
+
+    # A router started from the two files predicts with the fitted model.
+    served = router(backends, env={"SPECROUTER_COST_MODEL__FILE": str(model_file)},
+                    extra_args=("--policy-file", str(policy_file)))
+
+    async def reported() -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            return await _until(client, served.url, "an accept length from telemetry",
+                                lambda g: g["accept_length"] is not None)
+
+    group = asyncio.run(reported())
+    assert group["reason"].startswith("goodput_") and group["reason"] != "goodput_no_model"
+    assert group["crossover"] == model.crossover(group["accept_length"])
+    assert set(group["predictions"]) == {"eagle", "baseline"}
+
+
+def _fmt_crossover(model: GroupCostModel) -> str:
+    x = model.crossover(model.nominal_accept_length)
+    return "never (EAGLE-3 ahead)" if x is None else f"{x:.1f}"
