@@ -315,6 +315,9 @@ def group_report(
     report["accept_length"] = accept
     if cost_model is not None:
         a = accept if accept is not None else cost_model.nominal_accept_length
+        # What the predictions use: the live average, else the model's nominal value.
+        report["accept_length_used"] = a
+        report["nominal_accept_length"] = cost_model.nominal_accept_length
         preds = cost_model.predictions(report["load"] + 1, a)
         report["predictions"] = {p: v.as_dict() for p, v in preds.items()}
         report["crossover"] = cost_model.crossover(a)

@@ -59,6 +59,7 @@ async def _until(client: httpx.AsyncClient, url: str, what: str,
 def _check_report(group: dict[str, Any], accept_near: float) -> None:
     accept = group["accept_length"]
     assert abs(accept - accept_near) < 0.35, group
+    assert group["accept_length_used"] == accept  # the live average, not the nominal 2.5
     preds = group["predictions"]
     assert set(preds) == {"eagle", "baseline"}
     assert all(p["load"] == group["load"] + 1 for p in preds.values())  # the new request joins

@@ -157,6 +157,9 @@ def test_assembled_router_reports_the_configured_model_on_policy() -> None:
     router = build_product(settings).router
     assert isinstance(router, LoadAwareRouter)
     groups = {g["group"]: g for g in router.live_view()["groups"]}
-    assert groups["gpu0"]["crossover"] == pytest.approx(44.4, abs=0.1)  # nominal accept 2.5
+    # No telemetry reading yet: the predictions use the profile's nominal accept length.
+    assert groups["gpu0"]["accept_length"] is None
+    assert groups["gpu0"]["accept_length_used"] == groups["gpu0"]["nominal_accept_length"] == 2.5
+    assert groups["gpu0"]["crossover"] == pytest.approx(44.4, abs=0.1)
     assert set(groups["gpu0"]["predictions"]) == {"eagle", "baseline"}
     assert "predictions" not in groups["gpu1"] and groups["gpu1"]["reason"] == "goodput_no_model"
