@@ -78,7 +78,7 @@ class LoadAwareRouter:
         self._backends = tuple(backends)
         # Cluster mode (issue 5): loads read every replica's in-flight counts from the
         # store, and each admission holds a store lease until its release.
-        self._state = state
+        self._cluster = state
         self._leases: dict[int, Lease] = {}
         self._arrival_window_s = arrival_window_s
         self._arrival_max_wait_s = max(arrival_window_s, arrival_max_wait_s)
@@ -192,12 +192,12 @@ class LoadAwareRouter:
 
     def acquire(self, target: Target) -> None:
         self.view.acquire(target.backend.name)
-        if self._state is not None:
-            self._leases[id(target)] = self._state.store.acquire(target.backend.name)
+        if self._cluster is not None:
+            self._leases[id(target)] = self._cluster.store.acquire(target.backend.name)
 
     def release(self, target: Target) -> None:
         self.view.release(target.backend.name)
-        if self._state is not None:
+        if self._cluster is not None:
             lease = self._leases.pop(id(target), None)
             if lease is not None:
                 lease.release()  # idempotent: a second release can never unbalance a count
@@ -214,8 +214,8 @@ class LoadAwareRouter:
         return self.view.backends[backend].inflight
 
     async def start(self) -> None:
-        if self._state is not None:
-            await self._state.start()  # the shared policy is in force before any request
+        if self._cluster is not None:
+            await self._cluster.start()  # the shared policy is in force before any request
         await self._health.start()
         if self.poller is not None:
             await self.poller.start()
@@ -224,8 +224,8 @@ class LoadAwareRouter:
         if self.poller is not None:
             await self.poller.stop()
         await self._health.stop()
-        if self._state is not None:
-            await self._state.stop()
+        if self._cluster is not None:
+            await self._cluster.stop()
 
     # -- telemetry -------------------------------------------------------------------------
 
@@ -261,9 +261,9 @@ class LoadAwareRouter:
         """In cluster mode the in-flight of each backend is every replica's (the store's
         cluster view, which holds this replica's exact counts); the engine-telemetry credit
         stays on the local counts, whose delta since the sample is exact."""
-        if self._state is None:
+        if self._cluster is None:
             return groups
-        counts = self._state.store.cluster_inflight()
+        counts = self._cluster.store.cluster_inflight()
         return tuple(
             GroupView(g.name, tuple(
                 b if b.name not in self._by_name else
@@ -328,10 +328,10 @@ class LoadAwareRouter:
     def _cluster_details(self) -> dict[str, Any]:
         """The store's health and the cluster-wide in-flight (a degraded store is reported,
         never a reason to be unready: the router serves on its local view)."""
-        if self._state is None:
+        if self._cluster is None:
             return {}
-        counts = self._state.store.cluster_inflight()
-        return {"state": self._state.status(),
+        counts = self._cluster.store.cluster_inflight()
+        return {"state": self._cluster.status(),
                 "cluster_inflight": {b.name: counts.get(b.name, 0) for b in self._backends}}
 
     def live_view(self) -> dict[str, Any]:
