@@ -8,6 +8,8 @@ import asyncio
 import signal
 import time
 
+import httpx
+
 from tests.cluster.conftest import Cluster, ClusterFactory, Held, in_thread
 from tests.fixtures.procs import wait_until
 
@@ -101,3 +103,42 @@ def test_sigkilled_replica_counts_vanish_within_ttl(replicas: ClusterFactory) ->
     asyncio.run(scenario())
     c.replicas = c.replicas[:2]
     _converged(c, 0)
+
+
+def test_every_request_path_releases_its_count(replicas: ClusterFactory) -> None:
+    """Retried 503s, streams cut by the engine and client disconnects all leave the cluster
+    counts at zero: in every replica's view and in Redis itself."""
+    c = replicas(policy={"allow_client_override": True}, time_scale=0.05)
+    c.group.control("eagle", error_rate=1.0, error_status=503)
+    c.group.control("baseline", cut_stream_after_tokens=3)
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            async def ask(i: int) -> tuple[int, str, bytes]:
+                body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": 16, "stream": i % 2 == 1, "ignore_eos": True}
+                response = await client.post(f"{c[i % 3].url}/v1/chat/completions", json=body,
+                                             headers={"x-specrouter-pool": "eagle"})
+                return response.status_code, response.headers.get(
+                    "x-specrouter-backend", ""), response.content
+
+            answers = await asyncio.gather(*(ask(i) for i in range(12)))
+        for status, backend, content in answers:
+            # EAGLE answered 503: retried on the baseline, which then cut the stream.
+            assert backend == "gpu0-baseline", (status, backend, content[:200])
+        assert any(b"backend closed the stream" in content or b"error" in content
+                   for _, _, content in answers)
+        held = Held()
+        try:
+            c.group.control("baseline", cut_stream_after_tokens=None)
+            for r in c.replicas:
+                await held.open(r.url)
+            await in_thread(_converged, c, 3)
+        finally:
+            await held.aclose()  # client disconnects
+
+    asyncio.run(scenario())
+    _converged(c, 0)
+    redis = c.redis.client()
+    wait_until(lambda: not list(redis.scan_iter(f"{c.prefix}:inflight:*")), 5.0,
+               "no in-flight hash left in redis")
