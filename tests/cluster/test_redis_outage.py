@@ -126,6 +126,9 @@ def test_redis_killed_mid_load_then_restarted_empty(replicas: ClusterFactory) ->
             assert took < 2.0, took
             for r in c.replicas:
                 assert _metric(r, "specrouter_state_degraded") == 0.0
+                log = r.proc.process.output()  # one warning per transition, both ways
+                assert log.count("serving from the local view until it is back") == 1, log
+                assert log.count("is back after") == 1, log
             # Writes work again and continue the version sequence.
             answer = c[2].write("PATCH", {"switch_up": 24})
             assert answer.status_code == 200, answer.text
