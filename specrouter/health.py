@@ -17,7 +17,6 @@ HTTP client and the background loops.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +27,7 @@ import httpx
 from specrouter.breaker import BreakerConfig, HealthRecord
 from specrouter.config import HealthSettings
 from specrouter.router import Backend
+from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger("specrouter.health")
 
@@ -97,11 +97,7 @@ class HealthChecker:
                        for b in self._backends]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._own_client and self._client is not None:
             await self._client.aclose()

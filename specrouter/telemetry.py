@@ -16,7 +16,6 @@ The parsers are pure; only `TelemetryPoller` does I/O.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -28,6 +27,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from specrouter.loadview import EngineSample
+from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -218,11 +218,7 @@ class TelemetryPoller:
                        for t in self.targets]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._own_client and self.client is not None:
             await self.client.aclose()
