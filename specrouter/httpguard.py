@@ -6,7 +6,8 @@ forever, each one holding a file descriptor and a slot of `limit_concurrency`. T
 protocol counts the bytes of each request head (request line plus headers) and answers
 431 once they pass `max_header_bytes`, and closes a connection whose head is not complete
 within `header_timeout_s` of its first byte (or of the connection opening). Bodies and
-responses are untouched: a long generation is normal, a long request head never is.
+responses are untouched: a long generation is normal, a long request head never is. Past
+uvicorn's `limit_concurrency` the 503 is in OpenAI format too, like every router error.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ def _response(status: int, reason: bytes, message: str) -> bytes:
     body = openai_error_body(status, message)
     return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n" % (status, reason, len(body))) + body
+
+
+async def _too_many_connections(scope: Any, receive: Any, send: Any) -> None:
+    body = openai_error_body(503, "too many connections: retry later", code="overloaded")
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 class _HeadRefused(Exception):
@@ -92,7 +101,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._head_size > self.max_header_bytes:
             self._refuse_too_large()
             raise _HeadRefused  # stops the parser; send_400_response stays quiet
-        super().on_headers_complete()
+        if not self._over_concurrency():
+            super().on_headers_complete()
+            return
+        # uvicorn would answer its own plain-text 503; clients parse OpenAI errors. Its
+        # limit check is switched off for this one request, which our app then refuses.
+        app, limit = self.app, self.limit_concurrency
+        self.app, self.limit_concurrency = _too_many_connections, None
+        try:
+            self.logger.warning("refusing a request: %d connections open", len(self.connections))
+            super().on_headers_complete()
+        finally:
+            self.app, self.limit_concurrency = app, limit
+
+    def _over_concurrency(self) -> bool:
+        limit = self.limit_concurrency
+        return limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit)
 
     def _refuse_too_large(self) -> None:
         self._refuse(431, b"Request Header Fields Too Large",

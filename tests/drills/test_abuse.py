@@ -143,7 +143,7 @@ def test_concurrent_connection_limit_answers_503(abused: Drill) -> None:
             for _ in range(MAX_CONNECTIONS)]
     try:  # accepted in order: the held connections count before this request's
         refused = httpx.get(f"{abused.url}/v1/models", timeout=5.0)
-        assert refused.status_code == 503
+        assert assert_openai_error(refused, 503)["code"] == "overloaded"
     finally:
         for sock in held:
             sock.close()
