@@ -89,7 +89,10 @@ def _calibration_lines(cal: dict[str, Any] | None) -> list[str]:
     if cal.get("error"):
         return [f"`specrouter calibrate` failed: `{cal['error'].splitlines()[-1][:200]}`", ""]
     cross = cal.get("crossover")
-    return [f"Calibration: `{cal['command']}` measured the crossover at "
+    where = (f" (at --time-scale {cal['time_scale']:g})" if cal.get("time_scale") else "")
+    if cal.get("reused"):
+        where += f", the calibration run for `{cal.get('tag')}` above, reused,"
+    return [f"Calibration: `{cal['command']}`{where} measured the crossover at "
             f"{_f(cross, 2) if cross is not None else 'none (EAGLE-3 ahead at every level)'}"
             f" concurrent requests (EAGLE-3 accept length {_f(cal.get('accept_length'), 2)})"
             f" and wrote the policy `{cal['policy']}`, applied to every router config "

@@ -98,11 +98,27 @@ def scaled_policy(policy: dict[str, Any], time_scale: float) -> dict[str, Any]:
     return out
 
 
+# Calibrations already run in this process, by (profile, control): the sweep's
+# calibration of a profile is reused by a trace on the same profile and workload.
+CALIBRATIONS: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def cached_calibration(key: tuple[str, str] | None) -> dict[str, Any] | None:
+    found = CALIBRATIONS.get(key) if key is not None else None
+    return None if found is None else {**found, "reused": True}
+
+
 def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration_s: float,
               input_tokens: int, output_tokens: int, out_dir: str | None, tag: str,
-              log: Callable[[str], None]) -> dict[str, Any]:
+              log: Callable[[str], None], cache_key: tuple[str, str] | None = None,
+              time_scale: float | None = None) -> dict[str, Any]:
     """`specrouter calibrate` against one simulated group, as a user would run it:
-    returns its policy (`--write-policy`), crossover and accept length (`--json`)."""
+    returns its policy (`--write-policy`), crossover and accept length (`--json`).
+    With `cache_key`, an earlier calibration of the same key is returned instead."""
+    cached = cached_calibration(cache_key)
+    if cached is not None:
+        log(f"  calibrate {tag}: reusing the calibration of {cache_key}: {cached['policy']}")
+        return cached
     import json
     import subprocess
     import sys
@@ -129,9 +145,13 @@ def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration
         f"{data.get('accept_length')} -> {policy} ({time.perf_counter() - started:.0f} s)")
     command = " ".join(a if a not in (eagle_url, baseline_url) else
                        ("EAGLE_URL" if a == eagle_url else "BASELINE_URL") for a in argv)
-    return {"policy": policy, "crossover": data.get("crossover"),
-            "accept_length": data.get("accept_length"), "levels": data.get("levels"),
-            "command": command.replace(str(folder) + "/", "")}
+    result = {"policy": policy, "crossover": data.get("crossover"),
+              "accept_length": data.get("accept_length"), "levels": data.get("levels"),
+              "command": command.replace(str(folder) + "/", ""), "time_scale": time_scale,
+              "tag": tag}
+    if cache_key is not None:
+        CALIBRATIONS[cache_key] = result
+    return result
 
 
 def decision_counts(router_url: str) -> dict[str, float]:

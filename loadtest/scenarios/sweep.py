@@ -43,7 +43,7 @@ STATIC = ("eagle", "baseline")
 # length with one request this often (seconds at time scale 1); only where the router
 # has the setting.
 GOODPUT_PROBE: dict[str, float] = (
-    {"goodput_probe_s": 5.0} if "goodput_probe_s" in Policy.model_fields else {})
+    {"goodput_probe_s": 15.0} if "goodput_probe_s" in Policy.model_fields else {})
 # Router variants: extra environment, policy fields on top of the calibrated ones, and
 # whether the router gets the profile's cost model.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -128,7 +128,8 @@ def run_profile(profile: str, s: SweepSettings, log: Any = print) -> dict[str, A
                     try:
                         out["calibration"] = calibrate(
                             sim.eagle_url, sim.baseline_url, s.levels, s.calibrate_duration_s,
-                            s.input_tokens, s.output_tokens, s.out_dir, profile, log)
+                            s.input_tokens, s.output_tokens, s.out_dir, profile, log,
+                            cache_key=(profile, ""), time_scale=scale)
                         policy = dict(out["calibration"]["policy"])
                     except RuntimeError as exc:
                         out["calibration"] = {"error": str(exc)[-2000:]}

@@ -30,7 +30,14 @@ from loadtest.generator import LoadGenerator, Phase
 from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
 from loadtest.procs import SimGroup, Stack, served_model, sim_control
 from loadtest.promptset import RequestShape, load_prompts
-from loadtest.scenarios.common import CpuWatch, calibrate, decision_counts, run_async, saturated
+from loadtest.scenarios.common import (
+    CpuWatch,
+    cached_calibration,
+    calibrate,
+    decision_counts,
+    run_async,
+    saturated,
+)
 from loadtest.scenarios.sweep import DEFAULT_LEVELS, VARIANTS, router_env
 from loadtest.traces import load_trace, scaled
 
@@ -174,12 +181,15 @@ def _router_policy(s: TraceSettings, sim: SimGroup, phases: list[Phase],
     if not s.calibrate:
         return {}
     if "calibration" not in cache:
-        if phases and phases[0].control:
-            sim_control(sim.eagle_url, phases[0].control)
+        control = phases[0].control if phases else None
+        key = (s.profile, json.dumps(control, sort_keys=True) if control else "")
+        if control and cached_calibration(key) is None:
+            sim_control(sim.eagle_url, control)
         try:
             cache["calibration"] = calibrate(
                 sim.eagle_url, sim.baseline_url, s.calibrate_levels, s.calibrate_duration_s,
-                s.input_tokens, s.output_tokens, s.out_dir, f"{s.trace}-{s.profile}", log)
+                s.input_tokens, s.output_tokens, s.out_dir, f"{s.trace}-{s.profile}", log,
+                cache_key=key, time_scale=s.time_scale)
         except RuntimeError as exc:
             cache["calibration"] = {"error": str(exc)[-2000:], "policy": {}}
     return dict(cache["calibration"].get("policy") or {})
