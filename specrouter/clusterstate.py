@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from specrouter.errors import RouterError
 from specrouter.policy import Policy, apply_patch, apply_put
-from specrouter.policyholder import PolicyChange, PolicyListener, WriteKind
+from specrouter.policyholder import PolicyChange, PolicyListener, PolicyListeners, WriteKind
 from specrouter.state import (
     AuditEntry,
     PolicyRecord,
@@ -74,7 +74,7 @@ class StorePolicyHolder:
         self._store = store
         self._policy = initial
         self._history: deque[PolicyChange] = deque(maxlen=history_size)
-        self._listeners: list[PolicyListener] = []
+        self._listeners = PolicyListeners()
         self._unsubscribe: Callable[[], None] | None = None
         self._pending: tuple[str, WriteKind] | None = None  # (actor, kind) of our own write
         self._audit_task: asyncio.Task[None] | None = None
@@ -113,13 +113,7 @@ class StorePolicyHolder:
         return list(reversed(self._history))
 
     def subscribe(self, listener: PolicyListener) -> Callable[[], None]:
-        self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     # -- writes ----------------------------------------------------------------------------
     async def _write(self, body: Mapping[str, Any], kind: WriteKind, actor: str) -> PolicyChange:
@@ -179,11 +173,7 @@ class StorePolicyHolder:
         self._history.append(change)
         log.info("policy version %d in force (%s by %s): %s", new.version, kind,
                  change.actor or "admin", new.model_dump_json(exclude={"updated_at"}))
-        for listener in list(self._listeners):
-            try:
-                listener(old, new)
-            except Exception:
-                log.exception("policy listener %r failed", listener)
+        self._listeners.notify(old, new)
         self._refresh_history()
 
     def _refresh_history(self) -> None:

@@ -61,13 +61,40 @@ class PolicyHolder(Protocol):
         """Call `listener(old, new)` after each change; returns an unsubscribe function."""
 
 
+class PolicyListeners:
+    """The subscribers of one holder, called after each accepted change.
+
+    Shared by every `PolicyHolder` so that all of them give the same guarantee: a listener
+    that raises is logged and skipped, the others still run and the change stands.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: list[PolicyListener] = []
+
+    def subscribe(self, listener: PolicyListener) -> Callable[[], None]:
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def notify(self, old: Policy, new: Policy) -> None:
+        for listener in list(self._listeners):  # a listener may unsubscribe while called
+            try:
+                listener(old, new)
+            except Exception:  # one bad listener must not undo an accepted change
+                log.exception("policy listener %r failed", listener)
+
+
 class LocalPolicyHolder:
     """The embedded holder: one process, the policy in memory."""
 
     def __init__(self, initial: Policy, history_size: int = 100) -> None:
         self._policy = initial
         self._history: deque[PolicyChange] = deque(maxlen=history_size)
-        self._listeners: list[PolicyListener] = []
+        self._listeners = PolicyListeners()
 
     @property
     def current(self) -> Policy:
@@ -83,13 +110,7 @@ class LocalPolicyHolder:
         return list(reversed(self._history))
 
     def subscribe(self, listener: PolicyListener) -> Callable[[], None]:
-        self._listeners.append(listener)
-
-        def unsubscribe() -> None:
-            if listener in self._listeners:
-                self._listeners.remove(listener)
-
-        return unsubscribe
+        return self._listeners.subscribe(listener)
 
     def _commit(self, new: Policy, kind: WriteKind, actor: str) -> PolicyChange:
         change = PolicyChange(self._policy, new, datetime.now(UTC), kind, actor)
@@ -97,11 +118,7 @@ class LocalPolicyHolder:
         self._history.append(change)
         log.info("policy changed (%s by %s) at %s: old=%s new=%s", kind, actor or "admin",
                  change.at.isoformat(), _compact(change.old), _compact(change.new))
-        for listener in list(self._listeners):
-            try:
-                listener(change.old, change.new)
-            except Exception:  # one bad listener must not undo an accepted change
-                log.exception("policy listener %r failed", listener)
+        self._listeners.notify(change.old, change.new)
         return change
 
 
