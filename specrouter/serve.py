@@ -19,9 +19,11 @@ Redis, so more than one worker without a Redis URL is refused.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from types import FrameType
@@ -151,8 +153,8 @@ class DrainingServer(uvicorn.Server):
     load balancer stops sending) and new requests get a 503 in OpenAI format, while the
     listener stays open so probes still get an answer. Once no request is in progress, or
     `drain_timeout_s` has passed, uvicorn's own shutdown runs: connections closed, then the
-    lifespan shutdown stops the router (counts released, store closed). A second signal
-    skips the rest of the drain.
+    lifespan shutdown stops the router (counts released, store closed). A second SIGINT
+    skips the rest of the drain; a repeated SIGTERM does not.
     """
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain_timeout_s: float):
@@ -164,8 +166,12 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # A signal handler: only set flags here (no logging, no awaiting).
-        if self._lifecycle.draining or self._drain_timeout_s <= 0:
+        if self._drain_timeout_s <= 0:
             super().handle_exit(sig, frame)
+            return
+        if self._lifecycle.draining:
+            if sig == signal.SIGINT:  # a second Ctrl-C: stop waiting
+                super().handle_exit(sig, frame)
             return
         super().handle_exit(sig, frame)  # records the signal, re-raised after shutdown
         self.should_exit = False
@@ -232,12 +238,64 @@ def serve(settings: Settings, config_file: str | None = None,
 def app_from_env() -> Any:
     """The app of one worker process (`uvicorn ... --factory`), from the config file and
     flags its parent put in SPECROUTER_SERVE_SOURCE (already validated by the parent)."""
-    from specrouter.assembly import build_app
+    from specrouter.assembly import build_product
 
     source = json.loads(os.environ.get(SOURCE_ENV) or "{}")
     settings = load_settings(source.get("config"), source.get("overrides") or {})
     _setup_logging(settings)
-    return build_app(settings)
+    product = build_product(settings)
+    _drain_on_signals(product.app.lifecycle, settings.shutdown.drain_timeout_s)
+    return product.asgi
+
+
+_DRAINS: set[asyncio.Task[None]] = set()  # strong references to running drain tasks
+
+
+def _drain_on_signals(lifecycle: Lifecycle, drain_timeout_s: float) -> None:
+    """The drain of DrainingServer for a uvicorn worker process, whose Server we do not
+    create: its SIGTERM/SIGINT handlers (installed before the app is loaded) are wrapped
+    so that the first signal starts the drain and the worker's own handler runs after it.
+    A repeated SIGTERM (the supervisor forwarding one the process group already got) does
+    not cut the drain short; a second SIGINT does."""
+    if drain_timeout_s <= 0:
+        return
+    loop = asyncio.get_running_loop()  # called from uvicorn's config.load(), in its loop
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        original = signal.getsignal(sig)
+        if callable(original):
+            signal.signal(sig, _draining_handler(loop, lifecycle, drain_timeout_s, original))
+
+
+def _draining_handler(loop: asyncio.AbstractEventLoop, lifecycle: Lifecycle,
+                      drain_timeout_s: float, original: Any) -> Any:
+    def handler(sig: int, frame: FrameType | None) -> None:
+        if not lifecycle.draining:
+            lifecycle.draining = True
+            loop.call_soon_threadsafe(_start_drain, lifecycle, drain_timeout_s, original, sig)
+        elif sig == signal.SIGINT:
+            original(sig, frame)
+
+    return handler
+
+
+def _start_drain(lifecycle: Lifecycle, drain_timeout_s: float, original: Any, sig: int) -> None:
+    task = asyncio.ensure_future(_drain_then_exit(lifecycle, drain_timeout_s, original, sig))
+    _DRAINS.add(task)
+    task.add_done_callback(_DRAINS.discard)
+
+
+async def _drain_then_exit(lifecycle: Lifecycle, drain_timeout_s: float, original: Any,
+                           sig: int) -> None:
+    deadline = time.monotonic() + drain_timeout_s
+    log.info("draining: /ready is 503, new requests refused, %d in progress (up to %.0f s)",
+             lifecycle.active, drain_timeout_s)
+    while lifecycle.active and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    if lifecycle.active:
+        log.warning("drain timeout: %d request(s) still in progress are cut", lifecycle.active)
+    else:
+        log.info("drained: no request in progress")
+    original(sig, None)
 
 
 def run(args: argparse.Namespace) -> int:

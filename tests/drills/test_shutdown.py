@@ -4,14 +4,19 @@ then exits; a stream longer than the drain timeout is cut when it runs out."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 
 from tests.drills.conftest import MODEL, DrillFactory, chat_body
 from tests.fixtures.procs import wait_until
+from tests.fixtures.redis import RedisServer
+from tests.fixtures.router import RouterFactory
+from tests.fixtures.sim import SimGroup
 
 
 def _stream_in_thread(url: str, max_tokens: int) -> tuple[threading.Thread, dict[str, object]]:
@@ -98,3 +103,28 @@ def test_idle_router_exits_promptly_on_sigterm(drill: DrillFactory) -> None:
     assert d.router.process.proc is not None
     d.router.process.proc.wait(10)
     assert time.monotonic() - began < 5.0
+
+
+def test_workers_drain_too(router: RouterFactory, sim_group: Callable[..., SimGroup],
+                           redis_server: RedisServer) -> None:
+    """`--workers 2`: SIGTERM to the supervisor reaches each worker, which drains the same
+    way (the supervisor's forwarded SIGTERM does not cut the drain short)."""
+    sim = sim_group(time_scale=1.0)
+    backends = [{"name": f"gpu0-{p}", "url": sim.url(p), "pool": p, "group": "gpu0"}
+                for p in ("eagle", "baseline")]
+    r = router(backends, extra_args=("--workers", "2"),
+               env={"SPECROUTER_REDIS_URL": redis_server.url(),
+                    "SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "30"})
+    thread, seen = _stream_in_thread(r.url, max_tokens=150)
+    proc = r.process.proc
+    assert proc is not None
+    os.kill(proc.pid, signal.SIGTERM)  # the supervisor only, as an orchestrator does
+    wait_until(lambda: httpx.get(f"{r.url}/ready", timeout=5.0).status_code == 503, 10.0,
+               "/ready to turn 503")
+    refused = httpx.post(f"{r.url}/v1/chat/completions", json=chat_body(4, stream=False),
+                         timeout=5.0)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    thread.join(30)
+    assert seen["status"] == 200 and seen["done"] is True and seen["error"] is None, seen
+    proc.wait(20)
+    assert r.process.output().count("drained: no request in progress") == 2
