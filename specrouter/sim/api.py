@@ -282,22 +282,33 @@ def _cut_limit(server: SimServer) -> int | None:
     return server.faults.cut_stream_after_tokens
 
 
-async def chat_completions(request: Request) -> Response:
+Responder = Callable[[str, str, str, str, int | str | None, int, int], dict[str, Any]]
+EventStream = Callable[[SimServer, Generation, str, str], AsyncIterator[bytes]]
+
+
+async def _generate(request: Request, parser: Parser, respond: Responder,
+                    events: EventStream) -> Response:
+    """Both OpenAI endpoints serve a generation the same way and differ only in the body
+    shapes: admit it, then answer the whole text at the end or stream it as it comes."""
     server: SimServer = request.app.state.sim
-    gen, error = await _admit(server, request, protocol.parse_chat)
+    gen, error = await _admit(server, request, parser)
     if gen is None:
         assert error is not None
         return error
-    rid, model = f"{gen.req.rid}", gen.params.model
+    rid, model = gen.req.rid, gen.params.model
     if not gen.params.stream:
         if not await _wait_done(server, gen, request):
             return Response(status_code=499)
         gen.observe()
-        return json_response(protocol.chat_response(
+        return json_response(respond(
             rid, model, gen.text, gen.finish_reason, gen.matched, gen.req.prompt_tokens,
             gen.req.generated))
-    return EngineStream(_chat_events(server, gen, rid, model),
+    return EngineStream(events(server, gen, rid, model),
                         lambda: server.engine.abort(gen.req))
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, protocol.parse_chat, protocol.chat_response, _chat_events)
 
 
 async def _chat_events(server: SimServer, gen: Generation, rid: str, model: str
@@ -326,21 +337,8 @@ def _maybe_cut(server: SimServer, gen: Generation) -> None:
 
 
 async def completions(request: Request) -> Response:
-    server: SimServer = request.app.state.sim
-    gen, error = await _admit(server, request, protocol.parse_completion)
-    if gen is None:
-        assert error is not None
-        return error
-    rid, model = gen.req.rid, gen.params.model
-    if not gen.params.stream:
-        if not await _wait_done(server, gen, request):
-            return Response(status_code=499)
-        gen.observe()
-        return json_response(protocol.completion_response(
-            rid, model, gen.text, gen.finish_reason, gen.matched, gen.req.prompt_tokens,
-            gen.req.generated))
-    return EngineStream(_completion_events(server, gen, rid, model),
-                        lambda: server.engine.abort(gen.req))
+    return await _generate(request, protocol.parse_completion, protocol.completion_response,
+                           _completion_events)
 
 
 async def _completion_events(server: SimServer, gen: Generation, rid: str, model: str
