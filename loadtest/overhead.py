@@ -32,16 +32,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from loadtest.procs import free_port, wait_http
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -50,20 +43,6 @@ def _cpu_seconds(pid: int) -> float:
         fields = fh.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited early: {proc.args!r}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer")
 
 
 class Conn:
@@ -228,13 +207,13 @@ def main() -> int:
                              "(e.g. a real SGLang server) instead of starting the simulator")
     args = parser.parse_args()
 
-    router_port = _free_port()
+    router_port = free_port()
     py = sys.executable
     if args.target_port is not None:
         eagle_port = args.target_port
         sim = subprocess.Popen([py, "-c", "import time; time.sleep(1e9)"])
     else:
-        eagle_port = _free_port()
+        eagle_port = free_port()
         sim = subprocess.Popen(
             [py, "-m", "specrouter", "sim", "--group", "gpu0", "--single", args.pool,
              "--port", str(eagle_port), "--profile", args.profile,
@@ -250,8 +229,8 @@ def main() -> int:
     )
     try:
         if args.target_port is None:
-            _wait_http(f"http://127.0.0.1:{eagle_port}/v1/models", sim)
-        _wait_http(f"http://127.0.0.1:{router_port}/health", router)
+            wait_http(f"http://127.0.0.1:{eagle_port}/v1/models", sim)
+        wait_http(f"http://127.0.0.1:{router_port}/health", router)
         if args.model == "default" and args.target_port is None:
             models = httpx.get(f"http://127.0.0.1:{eagle_port}/v1/models").json()
             args.model = models["data"][0]["id"]

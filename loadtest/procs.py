@@ -32,6 +32,21 @@ def free_port() -> int:
         return port
 
 
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Poll `url` until it answers below 500; fail early if `proc` died meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited early (rc {proc.returncode}) while waiting for {url}")
+        try:
+            if httpx.get(url, timeout=2.0).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer in {timeout:.0f}s")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and all its children (uvicorn workers),
     read from /proc through psutil."""
@@ -80,21 +95,12 @@ class Child:
         return self.log.read().decode(errors="replace")[-tail:]
 
     def wait_http(self, url: str, timeout: float = 60.0) -> None:
-        """Poll `url` until it answers below 500; fail early if the process died."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early (rc {self.proc.returncode}):\n"
-                                   f"{self.output()}")
-            try:
-                if httpx.get(url, timeout=2.0).status_code < 500:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name}: {url} did not answer in {timeout:.0f}s:\n"
-                           f"{self.output()}")
+        """`wait_http` on this child; a failure also shows the child's log."""
+        assert self.proc is not None
+        try:
+            wait_http(url, self.proc, timeout)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{self.name}: {exc}:\n{self.output()}") from None
 
     def stop(self, timeout: float = 10.0) -> None:
         try:

@@ -27,10 +27,8 @@ import sys
 import tempfile
 import time
 
-import httpx
-
 from loadtest.overhead import Conn, chat_body, pct
-from loadtest.procs import free_port
+from loadtest.procs import free_port, wait_http
 from loadtest.scenarios.overhead import zero_cost_profile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,19 +48,6 @@ def _router(port: int, backends: str, redis_url: str | None) -> subprocess.Popen
         env["SPECROUTER_REDIS_URL"] = redis_url
     return _start([sys.executable, "-m", "specrouter", "serve", "--port", str(port),
                    "--log-level", "warning"], env)
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited early: {proc.args!r}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer")
 
 
 def _wait_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
@@ -138,7 +123,7 @@ def main() -> int:
                       "--port", str(sim_port), "--profile", str(zero_cost_profile(1.0)),
                       "--time-scale", args.time_scale, "--seed", "7"])
         procs.append(sim)
-        _wait_http(f"http://127.0.0.1:{sim_port}/v1/models", sim)
+        wait_http(f"http://127.0.0.1:{sim_port}/v1/models", sim)
         backends = json.dumps([{"name": "gpu0-only", "url": f"http://127.0.0.1:{sim_port}",
                                 "pool": "eagle", "group": "gpu0"}])
         memory_port, redis_mode_port = free_port(), free_port()
@@ -147,7 +132,7 @@ def main() -> int:
         for port, url in routers:
             proc = _router(port, backends, url)
             procs.append(proc)
-            _wait_http(f"http://127.0.0.1:{port}/health", proc)
+            wait_http(f"http://127.0.0.1:{port}/health", proc)
         body = chat_body("default", args.max_tokens)
         import uvloop
 
