@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.fixtures.procs import ManagedProcess, wait_until
+from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RouterFactory, RouterProc
 from tests.fixtures.sim import SimGroup
 
@@ -131,7 +131,6 @@ class Drill:
     router: RouterProc
     groups: dict[str, SimGroup]
     token: str = ADMIN_TOKEN
-    notes: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -175,7 +174,3 @@ def drill(sim_group: Callable[..., SimGroup], router: RouterFactory) -> DrillFac
         return Drill(proc, sims)
 
     return start
-
-
-def output_of(process: ManagedProcess) -> str:
-    return process.output()

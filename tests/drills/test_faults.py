@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 
 import httpx
 
@@ -129,15 +128,12 @@ def test_whole_group_killed_mid_stream_then_back(drill: DrillFactory) -> None:
         async with httpx.AsyncClient(timeout=60.0) as client:
             tasks = [asyncio.ensure_future(call(client, f"{d.url}/v1/chat/completions",
                                                 long_body, timeout=60.0)) for _ in range(4)]
-            running = threading.Event()
-
             def both_groups_busy() -> bool:
                 inflight = d.router.inflight()
                 return all(sum(v for k, v in inflight.items() if k.startswith(g)) > 0
                            for g in ("gpu0", "gpu1"))
 
             await asyncio.to_thread(wait_until, both_groups_busy, 20.0, "streams on both groups")
-            running.set()
             _kill(d.sim("gpu0").process)
             results.extend(await asyncio.gather(*tasks))
 
