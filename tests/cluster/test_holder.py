@@ -15,6 +15,7 @@ from specrouter.clusterstate import ClusterState, StorePolicyHolder
 from specrouter.errors import RouterError
 from specrouter.policy import Policy
 from specrouter.state import StateSettings, make_store
+from tests.fixtures.procs import eventually
 from tests.fixtures.redis import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -44,14 +45,6 @@ async def cluster_states() -> AsyncIterator[Callable[..., Any]]:
     yield make
     for state in made:
         await state.stop()
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def test_shared_policy_wins_over_a_later_replicas_config(

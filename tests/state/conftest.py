@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,19 +26,6 @@ FAST = {
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def eventually(
-    predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition"
-) -> float:
-    """Poll `predicate` until truthy; returns the seconds it took (for bound assertions)."""
-    start = time.monotonic()
-    while True:
-        if predicate():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 StoreFactory = Callable[..., "asyncio.Future[StateStore]"]

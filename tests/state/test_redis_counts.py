@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.procs import ManagedProcess
+from tests.fixtures.procs import ManagedProcess, eventually
 from tests.fixtures.redis import RedisServer
-from tests.state.conftest import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from specrouter.state import StateUnavailable
+from tests.fixtures.procs import eventually
 from tests.fixtures.redis import RedisServer
-from tests.state.conftest import eventually
 
 pytestmark = pytest.mark.anyio
 

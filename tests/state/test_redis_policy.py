@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from specrouter.state import PolicyRecord, VersionConflict
+from tests.fixtures.procs import eventually
 from tests.fixtures.redis import RedisServer
-from tests.state.conftest import eventually
 
 pytestmark = pytest.mark.anyio
 
