@@ -32,7 +32,7 @@ SWEEP_TIME_SCALES = {"seed-coding": 0.1, "h200-llama3-8b": 1.0}
 TRACE_TIME_SCALE = 0.5
 # real seconds per level of `specrouter calibrate` (its default is 20; shorter keeps
 # `make bench` within 30 minutes, and the crossover needs only the ordering of the pools)
-CALIBRATE_DURATION_S = 6.0
+CALIBRATE_DURATION_S = 5.0
 ROUTER_CONFIGS = ["eagle", "baseline", "router", "router-goodput"]
 
 # The phased traces of the report: (scenario name, result key, settings).

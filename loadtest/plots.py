@@ -14,7 +14,8 @@ STYLE = {"eagle": ("tab:orange", "o", "eagle-only"),
          "baseline": ("tab:blue", "s", "baseline-only"),
          "router": ("tab:green", "D", "specrouter"),
          "router-w0": ("tab:olive", "v", "specrouter, arrival window 0"),
-         "router-goodput": ("tab:purple", "^", "specrouter, goodput strategy")}
+         "router-goodput": ("tab:purple", "^", "specrouter, goodput strategy"),
+         "router-goodput-noprobe": ("tab:pink", "<", "specrouter, goodput, no probes")}
 
 
 def sweep_plot(profile: str, configs: dict[str, Any], path: Path) -> Path:

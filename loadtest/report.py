@@ -59,7 +59,10 @@ def _check(ok: bool | None, text: str) -> str:
 ROUTER_LABELS = {
     "router": "specrouter (calibrated threshold, default settings)",
     "router-w0": "specrouter, arrival window off (admission.arrival_window_ms=0)",
-    "router-goodput": "specrouter, strategy goodput with the profile's cost model",
+    "router-goodput": ("specrouter, strategy goodput with the profile's cost model, "
+                       "probing the idle EAGLE server's accept length every 15 s "
+                       "(goodput_probe_s, scaled like the other timers)"),
+    "router-goodput-noprobe": "the same goodput router without probes (goodput_probe_s=0)",
 }
 # Configs whose sweep misses are target misses: the product as shipped (issues 4/6) and
 # the goodput strategy (issue 9's envelope). router-w0 answers a question, not a target.

@@ -10,7 +10,8 @@ applied to every router variant:
 - `router`: the calibrated threshold policy, default settings (arrival window on);
 - `router-w0`: the same with the arrival window off (`admission.arrival_window_ms=0`);
 - `router-goodput`: `strategy: goodput` with the profile's cost model
-  (`cost_model: {profile: ...}`).
+  (`cost_model: {profile: ...}`), probing the idle EAGLE server every 15 s;
+- `router-goodput-noprobe`: the same without probes.
 
 The router's timers are scaled to the simulator's clock (`router_time_env`).
 """
@@ -52,6 +53,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
                   "model": False},
     "router-goodput": {"env": {}, "policy": {"strategy": "goodput", **GOODPUT_PROBE},
                        "model": True},
+    # the same without accept-length probes: isolates what the probes cost
+    "router-goodput-noprobe": {"env": {}, "policy": {
+        "strategy": "goodput", **{k: 0.0 for k in GOODPUT_PROBE}}, "model": True},
 }
 CONFIGS = (*STATIC, *VARIANTS)
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
