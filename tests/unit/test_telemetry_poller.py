@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import httpx
 
 from specrouter.loadview import LoadView
 from specrouter.telemetry import TelemetryPoller, TelemetryTarget
-from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv
+from tests.fixtures.procs import ManagedProcess, eventually, free_port, specrouter_argv
 
 KEY = "sim-key-123"
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def hold_requests(url: str, n: int) -> list[asyncio.Task[None]]:
@@ -48,8 +39,8 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
          TelemetryTarget("e-nokey", eagle, None, speculative=True)],
         lv.publish, lv.publish_accept_length, interval=0.1)
     async with poller:
-        await until(lambda: all(b.sample is not None for b in lv.backends.values()),
-                    "a first sample from every target")
+        await eventually(lambda: all(b.sample is not None for b in lv.backends.values()),
+                         30.0, "a first sample from every target")
         # With the key /v1/loads answers; without it only the auth-exempt /metrics does.
         assert poller.source_of("e") == "v1_loads" and poller.source_of("b") == "v1_loads"
         assert poller.source_of("e-nokey") == "metrics"
@@ -57,10 +48,12 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
 
         tasks = await hold_requests(eagle, 5)
         try:
-            await until(lambda: lv.backend_view("e", time.monotonic()).load("engine") >= 5,
-                        "the engine to report 5 requests")
-            await until(lambda: lv.group_view("gpu0", time.monotonic()).eagle_accept()[0]
-                        is not None, "a live accept length")
+            await eventually(
+                lambda: lv.backend_view("e", time.monotonic()).load("engine") >= 5,
+                30.0, "the engine to report 5 requests")
+            await eventually(
+                lambda: lv.group_view("gpu0", time.monotonic()).eagle_accept()[0] is not None,
+                30.0, "a live accept length")
             accept = lv.group_view("gpu0", time.monotonic()).eagle_accept()[0]
             assert accept is not None and 1.0 < accept < 10.0
             assert lv.backend_view("b", time.monotonic()).load("engine") == 0.0
@@ -68,13 +61,13 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        await until(lambda: lv.backend_view("e", time.monotonic()).load("engine") == 0,
-                    "aborted requests to leave the engine")
+        await eventually(lambda: lv.backend_view("e", time.monotonic()).load("engine") == 0,
+                         30.0, "aborted requests to leave the engine")
 
         # The servers go away: no new samples, the view goes stale and falls back.
         await asyncio.to_thread(sim.stop)
-        await until(lambda: lv.backend_view("e", time.monotonic()).stale, "staleness")
-        await until(lambda: poller.source_of("e") is None, "a failed poll")
+        await eventually(lambda: lv.backend_view("e", time.monotonic()).stale, 30.0, "staleness")
+        await eventually(lambda: poller.source_of("e") is None, 30.0, "a failed poll")
         assert int(str(poller.stats()["e"]["errors"])) > 0
         assert lv.stale_reads()["e"] > 0
 
