@@ -274,6 +274,7 @@ class Proxy:
         self.router = router
         self.upstreams = upstreams
         self._max_body = settings.limits.max_body_bytes
+        self._body_timeout = settings.limits.body_timeout_s
         self._total_timeout = settings.timeouts.total
         self._retry = settings.retry.enabled
         self._retry_statuses = frozenset(settings.retry.retry_statuses)
@@ -284,12 +285,19 @@ class Proxy:
     async def handle(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
         try:
             head = _parse_head(scope)
-            body = await _read_body(receive, head.content_length, self._max_body)
+            # A client trickling its body must not hold the request (and its memory) forever.
+            async with asyncio.timeout(self._body_timeout):
+                body = await _read_body(receive, head.content_length, self._max_body)
             info = self._request_info(kind, scope, body, head)
         except RouterError as err:
             await _send_json(send, err.status, err.body(), [(_REQUEST_ID, _request_id(scope))])
             return
         except _ClientGone:
+            return
+        except TimeoutError:
+            late = RouterError(408, f"request body not received within {self._body_timeout:g} s")
+            await _send_json(send, late.status, late.body(), [(_REQUEST_ID, _request_id(scope)),
+                                                              (b"connection", b"close")])
             return
         await self._run_watched(scope, receive, send, info, body, head)
 

@@ -121,12 +121,13 @@ class TimeoutSettings(_Section):
 
 class LimitSettings(_Section):
     """What one client may cost the router: body and request-head size, how long a request
-    head may take to arrive (slowloris), idle keep-alive time, and open connections plus
+    head and body may take to arrive (slowloris), idle keep-alive time, and open connections plus
     requests in progress (beyond `max_connections` new requests get 503)."""
 
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
     keep_alive_timeout_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=4096, gt=0)
 

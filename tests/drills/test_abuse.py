@@ -28,7 +28,7 @@ from tests.fixtures.router import RouterFactory
 
 MAX_BODY, MAX_HEADER, MAX_CONNECTIONS = 65536, 8192, 32
 LIMITS = {"max_body_bytes": MAX_BODY, "max_header_bytes": MAX_HEADER, "header_timeout_s": 1.0,
-          "keep_alive_timeout_s": 1.0, "max_connections": MAX_CONNECTIONS}
+          "body_timeout_s": 1.0, "keep_alive_timeout_s": 1.0, "max_connections": MAX_CONNECTIONS}
 
 
 @pytest.fixture
@@ -136,6 +136,28 @@ def test_slowloris_connections_are_closed_after_the_header_timeout(abused: Drill
         sock.close()
     trickle.close()
     wait_until(lambda: _open_fds(proc.pid) <= before + 2, 10.0, "descriptors released")
+
+
+def test_a_body_trickled_slowly_gets_408_and_frees_the_request(abused: Drill) -> None:
+    with socket.create_connection(("127.0.0.1", abused.router.port), timeout=10.0) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                     b"content-type: application/json\r\ncontent-length: 1000\r\n\r\n{")
+        began = time.monotonic()
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer and time.monotonic() - began < 8:
+                sock.sendall(b" ")  # one byte of body at a time, never finishing
+                sock.settimeout(0.3)
+                try:
+                    answer += sock.recv(4096)
+                except TimeoutError:
+                    continue
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"not received within 1 s" in answer
+    assert time.monotonic() - began < 5.0
+    assert abused.sim().state("eagle")["requests"] == 0
 
 
 def test_concurrent_connection_limit_answers_503(abused: Drill) -> None:
