@@ -133,6 +133,7 @@ def test_abuse_limits_have_safe_defaults_and_reach_uvicorn() -> None:
     assert limits.max_body_bytes == 32 * 1024 * 1024
     assert limits.max_header_bytes == 64 * 1024
     assert limits.header_timeout_s == 10.0
+    assert limits.body_timeout_s == 60.0
     assert limits.max_connections == 4096
     assert settings.shutdown.drain_timeout_s == 30.0
     options = uvicorn_options(settings)
