@@ -35,9 +35,9 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -49,9 +49,11 @@ from specrouter.costmodel import (
     model_to_dict,
     step_ms_from_sweep,
 )
+from specrouter.loadview import EngineSample
 from specrouter.telemetry import TelemetryParseError, parse_server_info_accept, parse_v1_loads
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
+T = TypeVar("T")
 _WORDS = ("alpha", "delta", "gamma", "kappa", "omega", "sigma", "theta", "lambda")
 
 
@@ -203,39 +205,43 @@ async def served_model(base_url: str, api_key: str | None, client: httpx.AsyncCl
     return model if isinstance(model, str) else "default"
 
 
-async def read_accept_length(base_url: str, client: httpx.AsyncClient) -> float | None:
-    """The EAGLE server's live accept length, if it reports one (best effort)."""
+async def _read_engine_fact(
+    base_url: str, client: httpx.AsyncClient, include: str,
+    from_loads: Callable[[EngineSample], T | None], from_server_info: Callable[[Any], T | None],
+) -> T | None:
+    """A fact from the live `/v1/loads`, else from `/server_info` (older SGLang, or a
+    server that leaves it out of loads); best effort: None when neither says."""
     base = base_url.rstrip("/")
     try:
-        resp = await client.get(f"{base}/v1/loads?include=core,spec", timeout=5.0)
+        resp = await client.get(f"{base}/v1/loads?include={include}", timeout=5.0)
         if resp.status_code == 200:
-            accept = parse_v1_loads(resp.json(), 0.0).accept_length
-            if accept is not None:
-                return accept
+            value = from_loads(parse_v1_loads(resp.json(), 0.0))
+            if value is not None:
+                return value
         resp = await client.get(f"{base}/server_info", timeout=5.0)
         if resp.status_code == 200:
-            return parse_server_info_accept(resp.json())
+            return from_server_info(resp.json())
     except (httpx.HTTPError, ValueError, TelemetryParseError):
         return None
     return None
 
 
+async def read_accept_length(base_url: str, client: httpx.AsyncClient) -> float | None:
+    """The EAGLE server's live accept length, if it reports one (best effort)."""
+    return await _read_engine_fact(base_url, client, "core,spec",
+                                   lambda sample: sample.accept_length, parse_server_info_accept)
+
+
 async def read_max_running(base_url: str, client: httpx.AsyncClient) -> int | None:
     """The server's max running requests (its largest decode batch), if it says."""
-    base = base_url.rstrip("/")
-    try:
-        resp = await client.get(f"{base}/v1/loads?include=core", timeout=5.0)
-        if resp.status_code == 200:
-            cap = parse_v1_loads(resp.json(), 0.0).max_running
-            if cap:
-                return cap
-        resp = await client.get(f"{base}/server_info", timeout=5.0)
-        if resp.status_code == 200:
-            value = resp.json().get("max_running_requests")
-            return value if isinstance(value, int) and value > 0 else None
-    except (httpx.HTTPError, ValueError, TelemetryParseError, AttributeError):
-        return None
-    return None
+    return await _read_engine_fact(base_url, client, "core",
+                                   lambda sample: sample.max_running or None,
+                                   _server_info_max_running)
+
+
+def _server_info_max_running(info: Any) -> int | None:
+    value = info.get("max_running_requests") if isinstance(info, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 @dataclass
