@@ -43,6 +43,7 @@ from specrouter.state import (
     VersionConflict,
     make_store,
 )
+from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger("specrouter.cluster")
 
@@ -241,9 +242,7 @@ class ClusterState:
 
     async def stop(self) -> None:
         if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+            await cancel_and_wait([self._watch])
         await self.holder.stop()
         await self.store.close()
 
