@@ -44,11 +44,11 @@ BUILTIN: dict[str, list[dict[str, Any]]] = {
     # EAGLE-3 serves 24 users ~1.5x better than the baseline, at 1.6 the baseline is
     # ~1.2x better (cost model of the profile: crossover 61.6 at 3.0, 12.4 at 1.6).
     "accept-shift-c24": [
-        {"name": "accept-3.0", "duration_s": 30, "concurrency": 24,
+        {"name": "accept-3.0", "duration_s": 40, "concurrency": 24,
          "control": {"accept_length": 3.0}},
-        {"name": "accept-1.6", "duration_s": 30, "concurrency": 24,
+        {"name": "accept-1.6", "duration_s": 40, "concurrency": 24,
          "control": {"accept_length": 1.6}},
-        {"name": "accept-3.0-again", "duration_s": 30, "concurrency": 24,
+        {"name": "accept-3.0-again", "duration_s": 40, "concurrency": 24,
          "control": {"accept_length": 3.0}},
     ],
 }
