@@ -1,7 +1,7 @@
 """Simulator profiles: the numbers that make one simulated deployment behave like another.
 
 A profile is a small JSON file; its step costs come from a JSON-lines table in the format of
-/work/shared/calibration/*.jsonl (`model, batch, ctx, target_qN_ms, draft_step_ms`), so GPU
+shared/calibration/*.jsonl (`model, batch, ctx, target_qN_ms, draft_step_ms`), so GPU
 measurements drop in unchanged. Loading is pure (no I/O besides reading the files) and every
 bad field is reported by name, because a silently wrong profile makes every benchmark wrong.
 """

@@ -20,9 +20,10 @@ from specrouter.costmodel import (
     parse_step_table,
 )
 from specrouter.policy import GroupState, Hints, Policy, decide, group_report
+from tests.fixtures.procs import SHARED_CALIBRATION
 from tests.unit.helpers import group
 
-CALIB = pathlib.Path("/work/shared/calibration")
+CALIB = pathlib.Path(SHARED_CALIBRATION)
 CHAIN = DraftConfig(steps=3, topk=1, num_draft_tokens=4)
 TREE16 = DraftConfig(steps=5, topk=4, num_draft_tokens=16)
 
