@@ -33,7 +33,7 @@ REASONS: tuple[str, ...] = (
     "below_switch_down", "above_switch_up", "hysteresis_hold_eagle",
     "hysteresis_hold_baseline", "below_eagle_cap", "eagle_cap_reached",
     "goodput_eagle", "goodput_baseline", "goodput_hold_eagle", "goodput_hold_baseline",
-    "goodput_dwell_eagle", "goodput_dwell_baseline", "goodput_no_model", "goodput_probe",
+    "goodput_dwell_baseline", "goodput_no_model", "goodput_probe",
 )
 
 
@@ -236,8 +236,13 @@ def _goodput(
     """Send new work to the pool predicted to serve the whole group better at its load.
 
     The new request joins the group, so the comparison is at load + 1. Switching needs
-    the other pool ahead by `goodput_margin` and `goodput_min_dwell_s` since the last
-    switch: without both, a load hovering at the crossover would flip every request.
+    the other pool ahead by `goodput_margin`; switching back to EAGLE-3 also needs
+    `goodput_min_dwell_s` since the last switch: without both, a load hovering at the
+    crossover would flip every request. The dwell is one-sided on purpose: a surge that
+    arrives just after the group went back to EAGLE-3 must move to the baseline at once
+    (each request kept on EAGLE-3 then slows the whole shared GPU for its lifetime), and
+    the margin plus the dwell on the way back already bound the flapping to one round
+    trip per dwell period.
     """
     accept = state.accept_ewma if state.accept_ewma is not None else model.nominal_accept_length
     preds = model.predictions(load + 1, accept)
@@ -250,7 +255,7 @@ def _goodput(
         return Decision(current, f"goodput_{current}", state, load, preds)
     if not other_ahead:
         return Decision(current, f"goodput_hold_{current}", state, load, preds)
-    if now - state.since < policy.goodput_min_dwell_s:
+    if best == "eagle" and now - state.since < policy.goodput_min_dwell_s:
         return Decision(current, f"goodput_dwell_{current}", state, load, preds)
     return Decision(best, f"goodput_{best}", _switched(state, best, now), load, preds)
 

@@ -172,6 +172,17 @@ def test_goodput_min_dwell_holds_after_a_switch() -> None:
     assert (d3.pool, d3.reason) == ("eagle", "goodput_eagle")
 
 
+def test_goodput_dwell_never_holds_a_surge_on_eagle() -> None:
+    """Just after the group went back to EAGLE-3, a surge still moves to the baseline."""
+    m = llama()
+    g_hot = group(eagle=120, accept=2.0, accept_at=0.0)
+    g_cold = group(eagle=1, accept=2.0, accept_at=0.0)
+    back = decide(GOODPUT, g_cold, GroupState(pool="baseline", since=40.0), Hints(), 50.0, m)
+    assert (back.pool, back.state.since) == ("eagle", 50.0)
+    surge = decide(GOODPUT, g_hot, back.state, Hints(), 50.1, m)
+    assert (surge.pool, surge.reason) == ("baseline", "goodput_baseline")
+
+
 def test_goodput_smooths_accept_length_per_new_reading() -> None:
     m = llama()
     p = GOODPUT.model_copy(update={"accept_smoothing": 0.5})
