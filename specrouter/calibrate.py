@@ -3,7 +3,8 @@
 A closed-loop concurrency sweep of each pool, directly against its server and one pool
 at a time: the two servers share the GPU, so the one not being measured must sit idle.
 At each level C, C workers send streaming chat requests back to back (fixed prompt and
-output length, `ignore_eos`), and the level reports output throughput and latency.
+output length, `ignore_eos`), and the level reports output throughput (the tokens
+decoded before the level's deadline, while C requests were in flight) and latency.
 
 From the two curves follow the crossover (the concurrency where the baseline's output
 throughput catches up with EAGLE-3's, interpolated between levels) and the policy:
@@ -74,9 +75,23 @@ class LevelResult:
     wall_s: float = 0.0
     latencies_s: list[float] = field(default_factory=list, repr=False)
     ttfts_s: list[float] = field(default_factory=list, repr=False)
+    # (first token, end, tokens) of each request, on the perf_counter clock
+    spans: list[tuple[float, float, int]] = field(default_factory=list, repr=False)
+    # the level's measuring window with a duration: (start, deadline)
+    window: tuple[float, float] | None = None
 
     @property
     def throughput_tok_s(self) -> float:
+        """With a duration, the tokens decoded inside [start, deadline] per second: the
+        level at exactly C in flight. Counting the tail after the deadline (C falling to
+        0 as the last requests end) would bias the pool whose requests end unevenly
+        (EAGLE-3: accept lengths vary per request) by several %, which is the whole gap
+        between the pools near the crossover."""
+        if self.window is not None:
+            start, end = self.window
+            inside = sum(tokens * _overlap(first, last, start, end)
+                         for first, last, tokens in self.spans)
+            return inside / (end - start) if end > start else 0.0
         return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
@@ -98,6 +113,14 @@ class LevelResult:
                 "throughput_tok_s": round(self.throughput_tok_s, 2),
                 "median_latency_s": self.median_latency_s, "p90_latency_s": self.p90_latency_s,
                 "median_ttft_s": self.median_ttft_s}
+
+
+def _overlap(first: float, last: float, start: float, end: float) -> float:
+    """The share of a request's decode span [first, last] inside [start, end] (its tokens
+    taken as evenly spread over the span)."""
+    if last <= first:
+        return 1.0 if start <= last <= end else 0.0
+    return max(0.0, min(last, end) - max(first, start)) / (last - first)
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -156,9 +179,11 @@ class PoolClient:
         except (httpx.HTTPError, ValueError):
             result.errors += 1
             return
+        ended = time.perf_counter()
         result.requests += 1
         result.output_tokens += tokens or chunks
-        result.latencies_s.append(time.perf_counter() - started)
+        result.latencies_s.append(ended - started)
+        result.spans.append((started + (ttft or 0.0), ended, tokens or chunks))
         if ttft is not None:
             result.ttfts_s.append(ttft)
 
@@ -176,6 +201,8 @@ async def run_level(pool_client: PoolClient, pool: str, concurrency: int,
     result = LevelResult(pool, concurrency)
     started = time.perf_counter()
     deadline = None if duration_s is None else started + duration_s
+    if deadline is not None:
+        result.window = (started, deadline)
     budget = [requests if requests is not None else 0]
 
     async def worker() -> None:
