@@ -149,13 +149,17 @@ class LoadAwareRouter:
             self._arriving -= 1
 
     def _eagle_next(self, policy: Policy) -> bool:
-        """Whether a request arriving now would be sent to EAGLE-3 (a dry run of `choose`)."""
+        """Whether a request arriving now would be sent to EAGLE-3 by the strategy (a dry
+        run of `choose`). A group with no healthy baseline server sends everything to
+        EAGLE-3 whatever arrives, so waiting for the burst could change nothing."""
         now = self._clock()
         groups = self._with_arrivals(self._views(now, frozenset()))
         live = [g for g in groups if g.any_healthy]
         if not live:
             return False
         group = min(live, key=lambda g: g.load(policy.load_signal))
+        if not group.pool_healthy("baseline"):
+            return False
         try:
             return decide(policy, group, self._states[group.name], Hints(), now,
                           self._cost_models.get(group.name)).pool == "eagle"

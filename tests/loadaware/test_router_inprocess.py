@@ -79,6 +79,11 @@ def test_nothing_waits_in_the_baseline_regime_or_in_forced_modes() -> None:
     assert asyncio.run(timed(busy)) < 0.25
     forced, _ = make(ONE_GROUP, window_s=0.5, mode="eagle")
     assert asyncio.run(timed(forced)) < 0.25
+    # No baseline server to send a burst to: every request goes to EAGLE-3 anyway.
+    eagle_only, _ = make(ONE_GROUP[:1], window_s=0.5, switch_up=2, switch_down=1)
+    assert asyncio.run(timed(eagle_only)) < 0.25
+    idle, _ = make(ONE_GROUP, window_s=0.5, switch_up=2, switch_down=1)
+    assert asyncio.run(timed(idle)) >= 0.5  # the EAGLE-bound case does wait
 
 
 def test_credit_rule_and_stale_telemetry() -> None:
