@@ -24,7 +24,7 @@ from loadtest import plots, report
 from loadtest.metrics import write_json
 from loadtest.scenarios import overhead, peer, sweep, trace
 
-SCENARIOS = ("sweep", "trace", "accept-shift", "overhead", "overhead-w0", "peer")
+SCENARIOS = ("sweep", "trace", "accept-shift", "overhead", "overhead-eagle", "peer")
 
 # Per-profile simulator time scale of the sweep: h200-llama3-8b relays ~5,000 chunks/s at
 # concurrency 64 at time scale 1; at 0.1 that would be 50,000/s, far beyond 2 cores.
@@ -101,11 +101,15 @@ def trace_settings(args: argparse.Namespace, out: Path, name: str) -> trace.Trac
     return s
 
 
+# The EAGLE-3 regime is a light load: a group holds a few requests below its crossover.
+EAGLE_REGIME_STREAMS = 8
+
+
 def overhead_settings(args: argparse.Namespace, out: Path,
-                      window: bool = True) -> overhead.OverheadSettings:
+                      eagle_regime: bool = False) -> overhead.OverheadSettings:
     s = overhead.OverheadSettings(out_dir=str(out))
-    if not window:
-        s.router_env = {"SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
+    if eagle_regime:
+        s.eagle_regime, s.rates, s.concurrency = True, False, EAGLE_REGIME_STREAMS
     if args.quick:
         s.concurrency, s.rounds, s.seconds, s.rate_seconds, s.rate_concurrency = (
             20, 1, 1.5, 1.5, 32)
@@ -135,9 +139,9 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
           for name, spec in TRACES.items()),
         ("overhead", "overhead",
          lambda: {"scenario": "overhead", **overhead.measure(overhead_settings(args, out))}),
-        ("overhead-w0", "overhead-w0",
-         lambda: {"scenario": "overhead", "arrival_window_ms": 0, **overhead.measure(
-             overhead_settings(args, out, window=False))}),
+        ("overhead-eagle", "overhead-eagle",
+         lambda: {"scenario": "overhead", **overhead.measure(
+             overhead_settings(args, out, eagle_regime=True))}),
         ("peer", "peer", lambda: _peer(args, out)),
     ]
     for name, key, job in jobs:
@@ -178,7 +182,7 @@ def load_results(folder: Path) -> dict[str, Any]:
     """The scenario results a previous run wrote (same keys as `run_all`)."""
     results: dict[str, Any] = {}
     keys = ["sweep", *(f"trace:{spec['trace']}" for spec in TRACES.values()), "overhead",
-            "overhead-w0", "peer"]
+            "overhead-eagle", "peer"]
     for key in keys:
         path = folder / f"{key.replace(':', '-')}.json"
         if path.is_file():

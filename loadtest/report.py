@@ -279,7 +279,7 @@ def trace_section(trace: dict[str, Any], image: str | None) -> tuple[list[str], 
 
 
 def overhead_section(overhead: dict[str, Any] | None, peer: dict[str, Any] | None,
-                     overhead_w0: dict[str, Any] | None = None
+                     eagle_regime: dict[str, Any] | None = None
                      ) -> tuple[list[str], list[str]]:
     lines = ["## Overhead: router vs direct, and a peer router", "",
              "One simulated engine (the seed-coding baseline engine with zero prefill cost "
@@ -294,13 +294,21 @@ def overhead_section(overhead: dict[str, Any] | None, peer: dict[str, Any] | Non
              "(and its children) from /proc over the routed phases. Max rate: 1-token "
              "streams at high concurrency; the CPU column says whether the router was the "
              "bottleneck (near 1 core per worker) or the simulator/load generator was (then "
-             "the rate is a lower bound; the CPU-bound column is 1 / CPU s per request).", ""]
+             "the rate is a lower bound; the CPU-bound column is 1 / CPU s per request). "
+             "The default row has the engine as the router's only server, the proxy path "
+             "a group in the baseline regime takes (nothing waits). The EAGLE-3 regime row "
+             "gives the router the group's other engine as a baseline server and a policy "
+             "that keeps the group on EAGLE-3, at a light load: each request then waits the "
+             "arrival window (a quiet 2 ms gap, at most 16 ms) before its decision, so that "
+             "row is what the window costs a request sent to EAGLE-3. The targets (p50 < 1 "
+             "ms, p99 < 5 ms at 100 streams) are checked on the default row.", ""]
     misses: list[str] = []
     rows: list[tuple[str, dict[str, Any]]] = []
     if overhead:
         rows.append(("specrouter (default settings)", overhead))
-    if overhead_w0:
-        rows.append(("specrouter, arrival window 0", overhead_w0))
+    if eagle_regime:
+        rows.append(("specrouter, two pools in the EAGLE-3 regime (arrival window waits)",
+                     eagle_regime))
     if peer:
         rows.append((peer.get("peer", "peer") + f" {peer.get('version', '')}", peer))
     lines += ["| router | streams | added TTFT p50 ms | added TTFT p99 ms | added TTFB p50 ms"
@@ -322,40 +330,40 @@ def overhead_section(overhead: dict[str, Any] | None, peer: dict[str, Any] | Non
             f"{_f(cores, 2)} | {_f(rate.get('cpu_bound_req_s_per_core'))} | "
             f"{m['errors_router']} |")
     lines.append("")
-    for label, maybe in (("default settings", overhead), ("arrival window 0", overhead_w0)):
-        data = maybe or {}
-        if not data.get("summary"):
-            continue
-        m = data["summary"]
-        over50 = f"over by {m['added_p50_ms'] - P50_TARGET_MS:.3f} ms"
-        over99 = f"over by {m['added_p99_ms'] - P99_TARGET_MS:.3f} ms"
-        lines += [f"specrouter ({label}) targets at {m['concurrency']} streams: added p50 < "
-                  f"{P50_TARGET_MS} ms: {_check(m['meets_p50'], over50)}; added p99 < "
-                  f"{P99_TARGET_MS} ms: {_check(m['meets_p99'], over99)}.", ""]
-        if not m["meets_p50"]:
-            misses.append(f"overhead ({label}): added TTFT p50 {m['added_p50_ms']:.3f} ms "
-                          f"(target < {P50_TARGET_MS} ms, over by "
-                          f"{m['added_p50_ms'] - P50_TARGET_MS:.3f})")
-        if not m["meets_p99"]:
-            misses.append(f"overhead ({label}): added TTFT p99 {m['added_p99_ms']:.3f} ms "
-                          f"(target < {P99_TARGET_MS} ms, over by "
-                          f"{m['added_p99_ms'] - P99_TARGET_MS:.3f})")
     if overhead and overhead.get("summary"):
-        direct = overhead.get("rate_direct", {})
-        lines += [f"Direct to the simulator, the same rate test reached {_f(direct.get('req_s'))}"
-                  f" req/s (simulator at {_f(direct.get('cpu_cores', {}).get('target'), 2)} "
-                  "cores).", ""]
-        for label, maybe in (("default settings", overhead), ("arrival window 0", overhead_w0)):
-            data = maybe or {}
-            multi = data.get("rate_n_workers", {})
-            if multi.get("measured"):
-                lines += [f"{multi['workers']} workers (`serve --workers {multi['workers']}`, "
-                          f"Redis mode, {label}): {_f(multi['req_s'])} req/s, "
-                          f"{_f(multi['cpu_cores'].get('target'), 2)} cores; 1 worker: "
-                          f"{_f(data.get('rate_1_worker', {}).get('req_s'))} req/s.", ""]
-            elif data:
-                lines += [f"N workers ({label}): not measured "
-                          f"({multi.get('why', 'not run')}).", ""]
+        part, missed = _overhead_targets(overhead)
+        lines += part
+        misses += missed
+    return lines, misses
+
+
+def _overhead_targets(overhead: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The default row against the added-latency targets, and the request rates."""
+    m = overhead["summary"]
+    over50 = f"over by {m['added_p50_ms'] - P50_TARGET_MS:.3f} ms"
+    over99 = f"over by {m['added_p99_ms'] - P99_TARGET_MS:.3f} ms"
+    lines = [f"specrouter (default settings) targets at {m['concurrency']} streams: added p50 < "
+             f"{P50_TARGET_MS} ms: {_check(m['meets_p50'], over50)}; added p99 < "
+             f"{P99_TARGET_MS} ms: {_check(m['meets_p99'], over99)}.", ""]
+    misses = []
+    if not m["meets_p50"]:
+        misses.append(f"overhead: added TTFT p50 {m['added_p50_ms']:.3f} ms (target < "
+                      f"{P50_TARGET_MS} ms, {over50})")
+    if not m["meets_p99"]:
+        misses.append(f"overhead: added TTFT p99 {m['added_p99_ms']:.3f} ms (target < "
+                      f"{P99_TARGET_MS} ms, {over99})")
+    direct = overhead.get("rate_direct", {})
+    lines += [f"Direct to the simulator, the same rate test reached {_f(direct.get('req_s'))}"
+              f" req/s (simulator at {_f(direct.get('cpu_cores', {}).get('target'), 2)} "
+              "cores).", ""]
+    multi = overhead.get("rate_n_workers", {})
+    if multi.get("measured"):
+        lines += [f"{multi['workers']} workers (`serve --workers {multi['workers']}`, "
+                  f"Redis mode): {_f(multi['req_s'])} req/s, "
+                  f"{_f(multi['cpu_cores'].get('target'), 2)} cores; 1 worker: "
+                  f"{_f(overhead.get('rate_1_worker', {}).get('req_s'))} req/s.", ""]
+    else:
+        lines += [f"N workers: not measured ({multi.get('why', 'not run')}).", ""]
     return lines, misses
 
 
@@ -384,7 +392,7 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
         misses += miss
     if "overhead" in results or "peer" in results:
         part, miss = overhead_section(results.get("overhead"), results.get("peer"),
-                                      results.get("overhead-w0"))
+                                      results.get("overhead-eagle"))
         body += part
         misses += miss
     lines += ["## Targets missed", ""]

@@ -58,6 +58,12 @@ class OverheadSettings:
     out_dir: str | None = None
     # extra router environment, e.g. {"SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
     router_env: dict[str, str] = field(default_factory=dict)
+    # The router also gets the group's other engine as its baseline server and a policy
+    # that keeps the group in the EAGLE-3 regime: every request then waits the arrival
+    # window (a burst could flip it), so this measures what the window costs a request
+    # sent to EAGLE-3. With one server there is nothing to flip to and nothing waits.
+    eagle_regime: bool = False
+    rates: bool = True  # also measure the highest request rate
 
 
 def zero_cost_profile(factor: float) -> Path:
@@ -82,9 +88,18 @@ def one_backend(url: str) -> list[dict[str, str]]:
     return [{"name": "gpu0-only", "url": url, "pool": "eagle", "group": "gpu0"}]
 
 
-def start_specrouter(stack: Stack, engine_url: str,
-                     env: dict[str, str] | None = None) -> tuple[str, int]:
+EAGLE_REGIME_POLICY = {"mode": "auto", "strategy": "threshold", "switch_up": 1000.0,
+                       "switch_down": 999.0}
+
+
+def start_specrouter(stack: Stack, engine_url: str, env: dict[str, str] | None = None,
+                     spare_url: str | None = None) -> tuple[str, int]:
     backends = one_backend(engine_url)
+    env = dict(env or {})
+    if spare_url is not None:
+        backends.append({"name": "gpu0-spare", "url": spare_url, "pool": "baseline",
+                         "group": "gpu0"})
+        env.setdefault("SPECROUTER_POLICY", json.dumps(EAGLE_REGIME_POLICY))
     router = stack.router(backends, env=env)
     return router.url, router.child.pid
 
@@ -184,23 +199,23 @@ def multi_worker_rate(s: OverheadSettings, model: str, engine_url: str,
 
 def measure(s: OverheadSettings, starter: RouterStarter | None = None,
             multi_worker: bool = True) -> dict[str, Any]:
-    if starter is None:
-        def starter(stack: Stack, url: str) -> tuple[str, int]:
-            return start_specrouter(stack, url, s.router_env)
     profile = zero_cost_profile(s.step_cost_factor)
     with Stack() as stack:
         sim = stack.sim_group("gpu0", str(profile), s.time_scale, s.seed)
         engine = sim.urls()[s.pool]
+        spare = next(u for p, u in sim.urls().items() if p != s.pool)
         model = served_model(engine)
-        url, pid = starter(stack, engine)
+        url, pid = (starter(stack, engine) if starter is not None else start_specrouter(
+            stack, engine, s.router_env, spare if s.eagle_regime else None))
         shape = RequestShape(model, s.input_tokens, s.output_tokens)
         result: dict[str, Any] = {
             "settings": asdict(s),
             "summary": added_latency(s, shape, engine, url, pid),
-            "rate_direct": max_rate(s, model, engine, sim.child.pid),
-            "rate_1_worker": max_rate(s, model, url, pid),
         }
-        if multi_worker:
+        if s.rates:
+            result["rate_direct"] = max_rate(s, model, engine, sim.child.pid)
+            result["rate_1_worker"] = max_rate(s, model, url, pid)
+        if multi_worker and s.rates:
             result["rate_n_workers"] = multi_worker_rate(s, model, engine, stack)
     return result
 
