@@ -55,6 +55,7 @@ TRACES: dict[str, dict[str, Any]] = {
     },
     "accept-shift": {
         "trace": "accept-shift-c24", "profile": "h200-llama3-8b",
+        "configs": [*ROUTER_CONFIGS, "router-goodput-noprobe"],
         "slo_ttft_s": 2.0, "slo_tpot_s": 0.010,
         "note": (
             "Steady closed loop of 24 users; the EAGLE engine's accept length goes 3.0 -> "
@@ -64,8 +65,10 @@ TRACES: dict[str, dict[str, Any]] = {
             "the baseline ~1.2x ahead at 1.6. `router` is the threshold policy that "
             "`specrouter calibrate` derives with accept length 3.0 in force (the first "
             "phase); `router-goodput` is the goodput strategy with the profile's cost "
-            "model, re-measuring the idle EAGLE server's accept length with one request every "
-            "15 s while it holds the group on the baseline (goodput_probe_s). SLO TTFT <= "
+            "model, re-measuring the idle EAGLE server's accept length with a shadow probe "
+            "(a copy of a routed request cut to 128 tokens, answer discarded) every 15 s "
+            "while it holds the group on the baseline (goodput_probe_s); "
+            "`router-goodput-noprobe` the same without probes. SLO TTFT <= "
             "2 s, TPOT <= 10 ms (100 tokens/s per stream): the baseline meets it at 24 "
             "users (~7 ms), EAGLE-3 at accept 3.0 too (~4-5 ms), EAGLE-3 at accept 1.6 "
             "mostly not (~9-12 ms with prefills interleaved)."),

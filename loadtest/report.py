@@ -60,7 +60,8 @@ ROUTER_LABELS = {
     "router": "specrouter (calibrated threshold, default settings)",
     "router-w0": "specrouter, arrival window off (admission.arrival_window_ms=0)",
     "router-goodput": ("specrouter, strategy goodput with the profile's cost model, "
-                       "probing the idle EAGLE server's accept length every 15 s "
+                       "re-measuring the idle EAGLE server's accept length with a shadow "
+                       "probe (a copy of a routed request cut to 128 tokens) every 15 s "
                        "(goodput_probe_s, scaled like the other timers)"),
     "router-goodput-noprobe": "the same goodput router without probes (goodput_probe_s=0)",
 }

@@ -46,10 +46,12 @@ from specrouter.forward import (
     UpstreamUnreachable,
     create_upstreams,
 )
+from specrouter.probe import ShadowProber, probe_body
 from specrouter.router import (
     Backend,
     NoBackendAvailable,
     PreferEagleRouter,
+    Probe,
     RequestInfo,
     Router,
     Target,
@@ -281,6 +283,7 @@ class Proxy:
         # Optional router hook, awaited once before the first `choose` of a request (the
         # load-aware router uses it to see a burst of simultaneous arrivals whole).
         self._settle = getattr(router, "settle", None)
+        self.prober = ShadowProber(router, upstreams, settings.timeouts.total)
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
         try:
@@ -355,6 +358,8 @@ class Proxy:
                 watch.finished = True
                 await _send_json(send, err.status, err.body(), [(_REQUEST_ID, head.request_id)])
                 return
+            if target.probe is not None:
+                self._send_probe(target.probe, path, head, body)
             may_retry = self._retry and not tried
             self.router.acquire(target)
             try:
@@ -366,6 +371,12 @@ class Proxy:
                 log.info("request %s: retrying after %s", head.request_id.decode(), retry.message)
             finally:
                 self.router.release(target)
+
+    def _send_probe(self, probe: Probe, path: str, head: _RequestHead, body: bytes) -> None:
+        shadow = probe_body(path, body, probe.max_tokens)
+        if shadow is not None:
+            backend = probe.target.backend
+            self.prober.send(probe.target, path, head.upstream_headers(backend), shadow)
 
     async def _attempt(
         self, send: Send, target: Target, method: str, path: str, body: bytes,
@@ -699,6 +710,7 @@ def create_app(
         try:
             yield
         finally:
+            await proxy.prober.aclose()
             await router.stop()
             if owned:
                 await asyncio.gather(*(u.aclose() for u in upstreams.values()))

@@ -40,7 +40,7 @@ from specrouter.policy import (
     smooth_accept,
 )
 from specrouter.policyholder import PolicyHolder
-from specrouter.router import Backend, NoBackendAvailable, RequestInfo, Target
+from specrouter.router import Backend, NoBackendAvailable, Probe, RequestInfo, Target
 from specrouter.telemetry import TelemetryPoller, TelemetryTarget
 
 if TYPE_CHECKING:
@@ -293,7 +293,14 @@ class LoadAwareRouter:
                           self._cost_models.get(group.name))
         self._states[group.name] = decision.state
         backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal)
-        return Target(group.name, decision.pool, backend, decision.reason)
+        probe = None
+        if decision.probe:
+            server = self._least_loaded(group.healthy_servers("eagle"), policy.load_signal)
+            probe = Probe(Target(group.name, "eagle", server, "goodput_probe"),
+                          policy.goodput_probe_tokens)
+            if self._metrics is not None:
+                self._metrics.observe_probe(server.name)
+        return Target(group.name, decision.pool, backend, decision.reason, probe)
 
     def _route_pool(
         self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal

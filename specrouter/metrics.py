@@ -126,6 +126,8 @@ class RouterMetrics:
         self.upstream_errors = Counter(f"{PREFIX}_upstream_errors",
                                        "Failed upstream exchanges (connection errors, 5xx)",
                                        ["backend"], registry=r)
+        self.probes = Counter(f"{PREFIX}_probes", "Shadow accept-length probes sent, by backend",
+                              ["backend"], registry=r)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
                               "Time to the first streamed byte of a response, per pool",
                               ["pool"], buckets=LATENCY_BUCKETS, registry=r)
@@ -151,6 +153,9 @@ class RouterMetrics:
 
     def observe_decision(self, pool: str, reason: str) -> None:
         self._child(self.decisions, pool, reason).inc()
+
+    def observe_probe(self, backend: str) -> None:
+        self._child(self.probes, backend).inc()
 
     def observe_upstream_error(self, backend: str) -> None:
         self._child(self.upstream_errors, backend).inc()

@@ -33,7 +33,7 @@ REASONS: tuple[str, ...] = (
     "below_switch_down", "above_switch_up", "hysteresis_hold_eagle",
     "hysteresis_hold_baseline", "below_eagle_cap", "eagle_cap_reached",
     "goodput_eagle", "goodput_baseline", "goodput_hold_eagle", "goodput_hold_baseline",
-    "goodput_dwell_baseline", "goodput_no_model", "goodput_probe",
+    "goodput_dwell_baseline", "goodput_no_model",
 )
 
 
@@ -60,10 +60,17 @@ class Policy(BaseModel):
     # EWMA weight of each new accept-length reading (1 = no smoothing)
     accept_smoothing: float = Field(default=0.3, gt=0, le=1)
     # While goodput keeps a group on the baseline and its EAGLE server is idle (so its
-    # accept length is a frozen old reading), send one request to EAGLE-3 every this
-    # many seconds to re-measure it; 0: never (a workload whose accept length rises
-    # again is then only noticed when the load falls below the crossover).
+    # accept length is a frozen old reading), re-measure it every this many seconds
+    # with a shadow probe: a copy of the request being routed, cut to
+    # `goodput_probe_tokens` output tokens, sent to the EAGLE server and thrown away
+    # (the client's request still goes to the baseline). 0: never (a workload whose
+    # accept length rises again is then only noticed when the load falls below the
+    # crossover).
     goodput_probe_s: float = Field(default=0.0, ge=0)
+    # Long enough that the server's reported accept length is the probe's own (SGLang
+    # averages it over the last 40 decode steps: 128 tokens are ~40 steps at accept
+    # 3), short enough that the probe costs the shared GPU a few dozen EAGLE steps.
+    goodput_probe_tokens: int = Field(default=128, ge=1, le=4096)
 
     @field_validator("switch_down")
     @classmethod
@@ -149,6 +156,7 @@ class Decision:
     state: GroupState
     load: float
     predictions: Mapping[Pool, PoolPrediction] | None = None
+    probe: bool = False  # also send a shadow probe to the group's EAGLE server
 
 
 class NoHealthyPool(RuntimeError):
@@ -261,16 +269,18 @@ def _goodput(
 
 
 def _probe(policy: Policy, group: GroupView, d: Decision, now: float) -> Decision:
-    """Turn a baseline decision into a probe of the idle EAGLE server when its accept
-    length is due to be re-measured (see `Policy.goodput_probe_s`). One at a time: the
-    probe itself makes the EAGLE server busy, and its readings are live again."""
+    """Ask for a shadow probe of the idle EAGLE server with this baseline decision when
+    its accept length is due to be re-measured (see `Policy.goodput_probe_s`). One at a
+    time: the probe itself makes the EAGLE server busy, and its readings are live again.
+    A shadow copy instead of the client's own request: the client's request keeps the
+    better pool, and the probe's few tokens cost the shared GPU little."""
     if policy.goodput_probe_s <= 0 or d.pool != "baseline" or d.state.pool != "baseline":
         return d
     if now - max(d.state.since, d.state.probe_at) < policy.goodput_probe_s:
         return d
     if any(b.load(policy.load_signal) > 0 for b in group.healthy_servers("eagle")):
         return d
-    return replace(d, pool="eagle", reason="goodput_probe", state=replace(d.state, probe_at=now))
+    return replace(d, probe=True, state=replace(d.state, probe_at=now))
 
 
 # --- group choice --------------------------------------------------------------------------

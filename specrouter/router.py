@@ -61,6 +61,15 @@ class Target:
     pool: Pool
     backend: Backend
     reason: str
+    probe: Probe | None = None  # a shadow probe to send alongside this request
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A shadow copy of the request to send to `target` (specrouter.probe)."""
+
+    target: Target
+    max_tokens: int
 
 
 class NoBackendAvailable(Exception):

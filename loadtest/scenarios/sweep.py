@@ -10,7 +10,7 @@ applied to every router variant:
 - `router`: the calibrated threshold policy, default settings (arrival window on);
 - `router-w0`: the same with the arrival window off (`admission.arrival_window_ms=0`);
 - `router-goodput`: `strategy: goodput` with the profile's cost model
-  (`cost_model: {profile: ...}`), probing the idle EAGLE server every 15 s;
+  (`cost_model: {profile: ...}`), shadow-probing the idle EAGLE server every 15 s;
 - `router-goodput-noprobe`: the same without probes.
 
 The router's timers are scaled to the simulator's clock (`router_time_env`).

@@ -180,3 +180,54 @@ def test_calibrate_goodput_fits_writes_and_serves_the_cost_model(
 def _fmt_crossover(model: GroupCostModel) -> str:
     x = model.crossover(model.nominal_accept_length)
     return "never (EAGLE-3 ahead)" if x is None else f"{x:.1f}"
+
+
+def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_baseline(
+    sim_group: Any, router: RouterFactory,
+) -> None:
+    # seed-coding's model (accept 2.0) puts the crossover at 1.6: two requests held on the
+    # baseline (client override) keep the group there, so the EAGLE server sits idle.
+    sim: SimGroup = sim_group(profile="seed-coding", time_scale=0.05)
+    proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
+        "SPECROUTER_POLICY": json.dumps({"strategy": "goodput", "goodput_probe_s": 0.2,
+                                         "goodput_probe_tokens": 40,
+                                         "allow_client_override": True}),
+        "SPECROUTER_COST_MODEL__PROFILE": "seed-coding", "SPECROUTER_COST_MODEL__CTX": "1024",
+    })
+    long_body = {"model": "default", "messages": [{"role": "user", "content": "go"}],
+                 "max_tokens": 100000, "ignore_eos": True}
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+            held = [asyncio.create_task(client.post(
+                f"{proc.v1}/chat/completions", json=long_body,
+                headers={"x-specrouter-pool": "baseline"})) for _ in range(2)]
+            try:
+                await _until(client, proc.url, "the held load", lambda g: g["load"] >= 2)
+                oai = openai.AsyncOpenAI(base_url=proc.v1, api_key="unused", max_retries=0)
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + DEADLINE_S
+                while sim.state("eagle")["admitted"] == 0:  # requests until one is shadowed
+                    assert loop.time() < deadline, "no probe reached the EAGLE server"
+                    raw = await oai.chat.completions.with_raw_response.create(
+                        model="default", messages=[{"role": "user", "content": "refactor"}],
+                        max_tokens=300, stream=True, extra_body={"ignore_eos": True})
+                    assert raw.headers["x-specrouter-pool"] == "baseline"
+                    text = "".join([c.choices[0].delta.content or "" async for c in raw.parse()
+                                    if c.choices])
+                    assert text  # the client's own answer streamed from the baseline
+                await oai.close()
+                # The probe: one request, cut to goodput_probe_tokens, and then released.
+                while sim.state("eagle")["finished"] == 0 or proc.inflight()["gpu0-eagle"]:
+                    assert loop.time() < deadline, "the probe never finished"
+                    await asyncio.sleep(0.02)
+                eagle = sim.state("eagle")
+                assert (eagle["admitted"], eagle["generated_tokens"]) == (1, 40)
+                metrics = (await client.get(f"{proc.url}/metrics")).text
+                assert 'specrouter_probes_total{backend="gpu0-eagle"} 1.0' in metrics
+            finally:
+                for t in held:
+                    t.cancel()
+                await asyncio.gather(*held, return_exceptions=True)
+
+    asyncio.run(scenario())

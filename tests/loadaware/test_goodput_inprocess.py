@@ -88,10 +88,15 @@ def test_idle_eagle_server_is_probed_when_due() -> None:
     assert admit(router).reason == "goodput_baseline"
     while clock.now < switched + 5.0:
         poll(router, clock, 0, LOAD, 1.6)
-    probe = admit(router)
-    assert (probe.pool, probe.reason) == ("eagle", "goodput_probe")
+    routed = admit(router)
+    # The client's request keeps the baseline; a shadow copy probes the EAGLE server.
+    assert (routed.pool, routed.reason) == ("baseline", "goodput_baseline")
+    assert routed.probe is not None and routed.probe.target.backend.name == EAGLE
+    assert routed.probe.max_tokens == 128  # the default goodput_probe_tokens
+    probe = routed.probe.target
+    router.acquire(probe)  # the proxy counts the probe in flight while it runs
     # One probe at a time: while it runs the EAGLE server's readings are live.
-    assert admit(router).reason == "goodput_baseline"
+    assert admit(router).probe is None
     # The probe finds the workload accepting more again: back to EAGLE-3.
     for _ in range(15):
         poll(router, clock, 1, LOAD, 3.0)
@@ -108,4 +113,5 @@ def test_no_probe_by_default() -> None:
     assert admit(router).pool == "baseline"
     for _ in range(100):
         poll(router, clock, 0, LOAD, 1.6)
-        assert admit(router).pool == "baseline"
+        target = admit(router)
+        assert target.pool == "baseline" and target.probe is None
