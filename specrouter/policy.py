@@ -71,6 +71,12 @@ class Policy(BaseModel):
     # averages it over the last 40 decode steps: 128 tokens are ~40 steps at accept
     # 3), short enough that the probe costs the shared GPU a few dozen EAGLE steps.
     goodput_probe_tokens: int = Field(default=128, ge=1, le=4096)
+    # Probe only after the accept length fell: when the highest smoothed accept length
+    # of the last `goodput_probe_memory_s` seconds is at least this much above the
+    # current one, and would put EAGLE-3 ahead at the group's load. A steady workload
+    # then never pays for probes; one that moved away from a better accept length does.
+    goodput_probe_min_drop: float = Field(default=0.3, ge=0)
+    goodput_probe_memory_s: float = Field(default=600.0, gt=0)
 
     @field_validator("switch_down")
     @classmethod
@@ -143,10 +149,14 @@ class GroupState:
     accept_ewma: float | None = None
     accept_seen_at: float | None = None
     probe_at: float = float("-inf")  # last goodput probe sent to an idle EAGLE server
+    # the highest accept_ewma within the probe memory, and the reading time it was set at
+    accept_peak: float | None = None
+    accept_peak_at: float = float("-inf")
 
     def as_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "since": self.since, "accept_ewma": self.accept_ewma,
-                "accept_seen_at": self.accept_seen_at, "probe_at": self.probe_at}
+                "accept_seen_at": self.accept_seen_at, "probe_at": self.probe_at,
+                "accept_peak": self.accept_peak}
 
 
 @dataclass(frozen=True)
@@ -194,7 +204,8 @@ def decide(
         return _overflow(policy, group, state, load)
     if policy.strategy == "goodput":
         if cost_model is not None:
-            return _probe(policy, group, _goodput(policy, state, load, now, cost_model), now)
+            decision = _goodput(policy, state, load, now, cost_model)
+            return _probe(policy, group, decision, now, cost_model)
         d = _threshold(policy, state, load, now)
         return replace(d, reason="goodput_no_model")
     return _threshold(policy, state, load, now)
@@ -234,8 +245,12 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupS
         return state
     if state.accept_seen_at is not None and seen_at <= state.accept_seen_at:
         return state  # this reading is already in the average
-    return replace(state, accept_ewma=ewma(state.accept_ewma, accept, policy.accept_smoothing),
-                   accept_seen_at=seen_at)
+    smoothed = ewma(state.accept_ewma, accept, policy.accept_smoothing)
+    state = replace(state, accept_ewma=smoothed, accept_seen_at=seen_at)
+    if (state.accept_peak is None or smoothed >= state.accept_peak
+            or seen_at - state.accept_peak_at > policy.goodput_probe_memory_s):
+        state = replace(state, accept_peak=smoothed, accept_peak_at=seen_at)
+    return state
 
 
 def _goodput(
@@ -268,7 +283,8 @@ def _goodput(
     return Decision(best, f"goodput_{best}", _switched(state, best, now), load, preds)
 
 
-def _probe(policy: Policy, group: GroupView, d: Decision, now: float) -> Decision:
+def _probe(policy: Policy, group: GroupView, d: Decision, now: float,
+           model: GroupCostModel) -> Decision:
     """Ask for a shadow probe of the idle EAGLE server with this baseline decision when
     its accept length is due to be re-measured (see `Policy.goodput_probe_s`). One at a
     time: the probe itself makes the EAGLE server busy, and its readings are live again.
@@ -280,7 +296,22 @@ def _probe(policy: Policy, group: GroupView, d: Decision, now: float) -> Decisio
         return d
     if any(b.load(policy.load_signal) > 0 for b in group.healthy_servers("eagle")):
         return d
+    if not _rebound_would_win(policy, d.state, d.load, model):
+        return d
     return replace(d, probe=True, state=replace(d.state, probe_at=now))
+
+
+def _rebound_would_win(policy: Policy, state: GroupState, load: float,
+                       model: GroupCostModel) -> bool:
+    """Whether a probe could change anything: the accept length fell from a recent peak
+    (by `goodput_probe_min_drop`), and back at that peak EAGLE-3 would be ahead at this
+    load. Each probe slows the shared GPU's baseline batch; this keeps a steady workload
+    from paying for them."""
+    peak, current = state.accept_peak, state.accept_ewma
+    if peak is None or current is None or peak - current < policy.goodput_probe_min_drop:
+        return False
+    crossover = model.crossover(peak)
+    return crossover is None or crossover > load + 1
 
 
 # --- group choice --------------------------------------------------------------------------

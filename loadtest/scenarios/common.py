@@ -93,8 +93,9 @@ def scaled_policy(policy: dict[str, Any], time_scale: float) -> dict[str, Any]:
     clock."""
     dwell = float(policy.get("goodput_min_dwell_s", ROUTER_DWELL_S))
     out = {**policy, "goodput_min_dwell_s": round(dwell * time_scale, 6)}
-    if "goodput_probe_s" in policy:
-        out["goodput_probe_s"] = round(float(policy["goodput_probe_s"]) * time_scale, 6)
+    for key in ("goodput_probe_s", "goodput_probe_memory_s"):
+        if key in policy:
+            out[key] = round(float(policy[key]) * time_scale, 6)
     return out
 
 

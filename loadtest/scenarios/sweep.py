@@ -44,7 +44,8 @@ STATIC = ("eagle", "baseline")
 # length with one request this often (seconds at time scale 1); only where the router
 # has the setting.
 GOODPUT_PROBE: dict[str, float] = (
-    {"goodput_probe_s": 15.0} if "goodput_probe_s" in Policy.model_fields else {})
+    {"goodput_probe_s": 15.0, "goodput_probe_memory_s": 600.0}
+    if "goodput_probe_memory_s" in Policy.model_fields else {})
 # Router variants: extra environment, policy fields on top of the calibrated ones, and
 # whether the router gets the profile's cost model.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -55,7 +56,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
                        "model": True},
     # the same without accept-length probes: isolates what the probes cost
     "router-goodput-noprobe": {"env": {}, "policy": {
-        "strategy": "goodput", **{k: 0.0 for k in GOODPUT_PROBE}}, "model": True},
+        "strategy": "goodput", "goodput_probe_s": 0.0}, "model": True},
 }
 CONFIGS = (*STATIC, *VARIANTS)
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)

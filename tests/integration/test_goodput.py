@@ -185,8 +185,10 @@ def _fmt_crossover(model: GroupCostModel) -> str:
 def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_baseline(
     sim_group: Any, router: RouterFactory,
 ) -> None:
-    # seed-coding's model (accept 2.0) puts the crossover at 1.6: two requests held on the
-    # baseline (client override) keep the group there, so the EAGLE server sits idle.
+    # The workload accepted 3.5 on EAGLE-3, then falls to 1.6. seed-coding's model puts
+    # the crossover at 0 at 1.6 and 25 at 3.5: with two requests held on the baseline
+    # (client override) the group stays there, its EAGLE server idle, and a probe could
+    # win EAGLE-3 back if the accept length rose again.
     sim: SimGroup = sim_group(profile="seed-coding", time_scale=0.05)
     proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
         "SPECROUTER_POLICY": json.dumps({"strategy": "goodput", "goodput_probe_s": 0.2,
@@ -194,20 +196,30 @@ def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_bas
                                          "allow_client_override": True}),
         "SPECROUTER_COST_MODEL__PROFILE": "seed-coding", "SPECROUTER_COST_MODEL__CTX": "1024",
     })
-    long_body = {"model": "default", "messages": [{"role": "user", "content": "go"}],
-                 "max_tokens": 100000, "ignore_eos": True}
+
+    def chat(max_tokens: int) -> dict[str, Any]:
+        return {"model": "default", "messages": [{"role": "user", "content": "refactor"}],
+                "max_tokens": max_tokens, "ignore_eos": True}
 
     async def scenario() -> None:
         async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+            on_eagle = {"x-specrouter-pool": "eagle"}
+            for accept in (3.5, 1.6):
+                sim.control("eagle", accept_length=accept)
+                await client.post(f"{proc.v1}/chat/completions", json=chat(400),
+                                  headers=on_eagle)
+            await _until(client, proc.url, "the accept average to fall",
+                         lambda g: g["accept_length"] is not None and g["accept_length"] < 2.2)
+            before = sim.state("eagle")
             held = [asyncio.create_task(client.post(
-                f"{proc.v1}/chat/completions", json=long_body,
+                f"{proc.v1}/chat/completions", json=chat(100000),
                 headers={"x-specrouter-pool": "baseline"})) for _ in range(2)]
             try:
                 await _until(client, proc.url, "the held load", lambda g: g["load"] >= 2)
                 oai = openai.AsyncOpenAI(base_url=proc.v1, api_key="unused", max_retries=0)
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + DEADLINE_S
-                while sim.state("eagle")["admitted"] == 0:  # requests until one is shadowed
+                while sim.state("eagle")["admitted"] == before["admitted"]:
                     assert loop.time() < deadline, "no probe reached the EAGLE server"
                     raw = await oai.chat.completions.with_raw_response.create(
                         model="default", messages=[{"role": "user", "content": "refactor"}],
@@ -218,11 +230,13 @@ def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_bas
                     assert text  # the client's own answer streamed from the baseline
                 await oai.close()
                 # The probe: one request, cut to goodput_probe_tokens, and then released.
-                while sim.state("eagle")["finished"] == 0 or proc.inflight()["gpu0-eagle"]:
+                while (sim.state("eagle")["finished"] == before["finished"]
+                       or proc.inflight()["gpu0-eagle"]):
                     assert loop.time() < deadline, "the probe never finished"
                     await asyncio.sleep(0.02)
                 eagle = sim.state("eagle")
-                assert (eagle["admitted"], eagle["generated_tokens"]) == (1, 40)
+                assert eagle["admitted"] - before["admitted"] == 1
+                assert eagle["generated_tokens"] - before["generated_tokens"] == 40
                 metrics = (await client.get(f"{proc.url}/metrics")).text
                 assert 'specrouter_probes_total{backend="gpu0-eagle"} 1.0' in metrics
             finally:

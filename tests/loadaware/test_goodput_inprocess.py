@@ -79,6 +79,8 @@ def test_accept_readings_between_requests_each_count() -> None:
 
 def test_idle_eagle_server_is_probed_when_due() -> None:
     router, clock = make(goodput_probe_s=5.0)
+    for _ in range(10):  # the workload accepted 3.0 on EAGLE-3, then fell to 1.6
+        poll(router, clock, LOAD, 0, 3.0)
     for _ in range(10):
         poll(router, clock, 0, LOAD, 1.6)
     assert admit(router).pool == "baseline"  # switches at t0; dwell from here
@@ -113,5 +115,36 @@ def test_no_probe_by_default() -> None:
     assert admit(router).pool == "baseline"
     for _ in range(100):
         poll(router, clock, 0, LOAD, 1.6)
+        target = admit(router)
+        assert target.pool == "baseline" and target.probe is None
+
+
+def test_a_steady_accept_length_is_never_probed() -> None:
+    # The sweep's case: the workload accepts about 1.6-1.9 all along (readings are
+    # noisy), so the group stays on the baseline at 14 requests. At the average's peak
+    # EAGLE-3 would just win, but noise is no drop to go back for: a probe would only
+    # slow the shared GPU.
+    router, clock = make(goodput_probe_s=0.5)
+    for accept in (1.6, 1.9, 1.6, 1.9, 1.6, 1.6, 1.6):
+        poll(router, clock, 0, 14, accept)
+    state = router.group_states()["g0"]
+    assert state.accept_peak is not None and state.accept_ewma is not None
+    assert 0 < state.accept_peak - state.accept_ewma < 0.3
+    crossover = profile_model("h200-llama3-8b", 2048).crossover(state.accept_peak)
+    assert crossover is not None and crossover > 14 + 1  # at the peak EAGLE-3 would win
+    for _ in range(100):
+        poll(router, clock, 0, 14, 1.6)
+        target = router.choose(CHAT)
+        assert target.pool == "baseline" and target.probe is None
+
+
+def test_no_probe_where_even_the_old_accept_length_loses() -> None:
+    # At 3.0 the crossover is 61.6: with 70 requests in the group the baseline is ahead
+    # even if the accept length came back, so a probe would be wasted.
+    router, clock = make(goodput_probe_s=0.5)
+    for _ in range(10):
+        poll(router, clock, 20, 0, 3.0)
+    for _ in range(100):
+        poll(router, clock, 0, 70, 1.6)
         target = admit(router)
         assert target.pool == "baseline" and target.probe is None
