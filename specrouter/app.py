@@ -374,9 +374,13 @@ class Proxy:
 
     def _send_probe(self, probe: Probe, path: str, head: _RequestHead, body: bytes) -> None:
         shadow = probe_body(path, body, probe.max_tokens)
-        if shadow is not None:
-            backend = probe.target.backend
-            self.prober.send(probe.target, path, head.upstream_headers(backend), shadow)
+        if shadow is None:
+            return
+        # Its own request id, so the engine's logs never mix it up with the client's.
+        headers = [(k, v) for k, v in head.upstream_headers(probe.target.backend)
+                   if k != _REQUEST_ID]
+        headers.append((_REQUEST_ID, head.request_id + b"-probe"))
+        self.prober.send(probe.target, path, headers, shadow)
 
     async def _attempt(
         self, send: Send, target: Target, method: str, path: str, body: bytes,
