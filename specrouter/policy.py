@@ -37,6 +37,14 @@ REASONS: tuple[str, ...] = (
 )
 
 
+# EWMA weight of the accept trend that decides whether a probe is worth it. Much slower
+# than `accept_smoothing`: one request's readings (40 steps each) scatter by ~0.15, and
+# the peak of a fast average then sits ~0.3-0.5 above its mean on a steady workload
+# (seed-coding sweep with the fast average as the trend: goodput with probes lost 10-18%
+# at c=2 and c=8 with every client request on the baseline: the probes were the loss).
+ACCEPT_TREND_WEIGHT = 0.1
+
+
 class Policy(BaseModel):
     """The routing policy. Server-managed: `version` and `updated_at` (see `apply_put`)."""
 
@@ -71,10 +79,11 @@ class Policy(BaseModel):
     # averages it over the last 40 decode steps: 128 tokens are ~40 steps at accept
     # 3), short enough that the probe costs the shared GPU a few dozen EAGLE steps.
     goodput_probe_tokens: int = Field(default=128, ge=1, le=4096)
-    # Probe only after the accept length fell: when the highest smoothed accept length
-    # of the last `goodput_probe_memory_s` seconds is at least this much above the
-    # current one, and would put EAGLE-3 ahead at the group's load. A steady workload
-    # then never pays for probes; one that moved away from a better accept length does.
+    # Probe only after the accept length fell: when the accept trend (a slow average of
+    # the readings, see ACCEPT_TREND_WEIGHT) is at least this much below its highest
+    # value of the last `goodput_probe_memory_s` seconds, and that peak would put
+    # EAGLE-3 ahead at the group's load. A steady workload then never pays for probes;
+    # one that moved away from a better accept length does.
     goodput_probe_min_drop: float = Field(default=0.3, ge=0)
     goodput_probe_memory_s: float = Field(default=600.0, gt=0)
 
@@ -149,14 +158,15 @@ class GroupState:
     accept_ewma: float | None = None
     accept_seen_at: float | None = None
     probe_at: float = float("-inf")  # last goodput probe sent to an idle EAGLE server
-    # the highest accept_ewma within the probe memory, and the reading time it was set at
+    # the slow accept trend, its highest value within the probe memory and when that was
+    accept_trend: float | None = None
     accept_peak: float | None = None
     accept_peak_at: float = float("-inf")
 
     def as_dict(self) -> dict[str, Any]:
         return {"pool": self.pool, "since": self.since, "accept_ewma": self.accept_ewma,
                 "accept_seen_at": self.accept_seen_at, "probe_at": self.probe_at,
-                "accept_peak": self.accept_peak}
+                "accept_trend": self.accept_trend, "accept_peak": self.accept_peak}
 
 
 @dataclass(frozen=True)
@@ -245,11 +255,12 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupS
         return state
     if state.accept_seen_at is not None and seen_at <= state.accept_seen_at:
         return state  # this reading is already in the average
-    smoothed = ewma(state.accept_ewma, accept, policy.accept_smoothing)
-    state = replace(state, accept_ewma=smoothed, accept_seen_at=seen_at)
-    if (state.accept_peak is None or smoothed >= state.accept_peak
+    trend = ewma(state.accept_trend, accept, ACCEPT_TREND_WEIGHT)
+    state = replace(state, accept_ewma=ewma(state.accept_ewma, accept, policy.accept_smoothing),
+                    accept_seen_at=seen_at, accept_trend=trend)
+    if (state.accept_peak is None or trend >= state.accept_peak
             or seen_at - state.accept_peak_at > policy.goodput_probe_memory_s):
-        state = replace(state, accept_peak=smoothed, accept_peak_at=seen_at)
+        state = replace(state, accept_peak=trend, accept_peak_at=seen_at)
     return state
 
 
@@ -307,7 +318,7 @@ def _rebound_would_win(policy: Policy, state: GroupState, load: float,
     (by `goodput_probe_min_drop`), and back at that peak EAGLE-3 would be ahead at this
     load. Each probe slows the shared GPU's baseline batch; this keeps a steady workload
     from paying for them."""
-    peak, current = state.accept_peak, state.accept_ewma
+    peak, current = state.accept_peak, state.accept_trend
     if peak is None or current is None or peak - current < policy.goodput_probe_min_drop:
         return False
     crossover = model.crossover(peak)
