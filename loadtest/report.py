@@ -61,8 +61,9 @@ ROUTER_LABELS = {
     "router-w0": "specrouter, arrival window off (admission.arrival_window_ms=0)",
     "router-goodput": ("specrouter, strategy goodput with the profile's cost model, "
                        "re-measuring the idle EAGLE server's accept length with a shadow "
-                       "probe (a copy of a routed request cut to 128 tokens) every 15 s "
-                       "(goodput_probe_s, scaled like the other timers)"),
+                       "probe (a copy of a routed request cut to 128 tokens) at most every "
+                       "30 s when it could matter (goodput_probe_s, scaled like the other "
+                       "timers)"),
     "router-goodput-noprobe": "the same goodput router without probes (goodput_probe_s=0)",
 }
 # Configs whose sweep misses are target misses: the product as shipped (issues 4/6) and

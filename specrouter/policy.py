@@ -37,9 +37,10 @@ REASONS: tuple[str, ...] = (
 )
 
 
-# EWMA weight of the accept trend that decides whether a probe is worth it. Much slower
-# than `accept_smoothing`: one request's readings (40 steps each) scatter by ~0.15, and
-# the peak of a fast average then sits ~0.3-0.5 above its mean on a steady workload
+# EWMA weight of the accept trend whose peak decides whether a probe is worth it. Much
+# slower than `accept_smoothing`: one request's readings (40 steps each) scatter by ~0.16
+# (seed-coding simulator, 49 readings of one request: 1.73-2.35 around 2.02), and the
+# peak of a fast average then sits ~0.3-0.5 above its mean on a steady workload
 # (seed-coding sweep with the fast average as the trend: goodput with probes lost 10-18%
 # at c=2 and c=8 with every client request on the baseline: the probes were the loss).
 ACCEPT_TREND_WEIGHT = 0.1
@@ -68,23 +69,21 @@ class Policy(BaseModel):
     # EWMA weight of each new accept-length reading (1 = no smoothing)
     accept_smoothing: float = Field(default=0.3, gt=0, le=1)
     # While goodput keeps a group on the baseline and its EAGLE server is idle (so its
-    # accept length is a frozen old reading), re-measure it every this many seconds
-    # with a shadow probe: a copy of the request being routed, cut to
+    # accept length is a frozen old reading), re-measure it at most every this many
+    # seconds with a shadow probe: a copy of the request being routed, cut to
     # `goodput_probe_tokens` output tokens, sent to the EAGLE server and thrown away
-    # (the client's request still goes to the baseline). 0: never (a workload whose
-    # accept length rises again is then only noticed when the load falls below the
-    # crossover).
-    goodput_probe_s: float = Field(default=0.0, ge=0)
+    # (the client's request still goes to the baseline). Only when it could matter:
+    # the highest accept trend of the last `goodput_probe_memory_s` seconds would put
+    # EAGLE-3 ahead at the group's load. 0: never (a workload whose accept length rises
+    # again, or a noise dip that moved a quiet group, is then noticed only when the load
+    # falls below the crossover at the frozen reading).
+    goodput_probe_s: float = Field(default=30.0, ge=0)
     # Long enough that the server's reported accept length is the probe's own (SGLang
     # averages it over the last 40 decode steps: 128 tokens are ~40 steps at accept
     # 3), short enough that the probe costs the shared GPU a few dozen EAGLE steps.
     goodput_probe_tokens: int = Field(default=128, ge=1, le=4096)
-    # Probe only after the accept length fell: when the accept trend (a slow average of
-    # the readings, see ACCEPT_TREND_WEIGHT) is at least this much below its highest
-    # value of the last `goodput_probe_memory_s` seconds, and that peak would put
-    # EAGLE-3 ahead at the group's load. A steady workload then never pays for probes;
-    # one that moved away from a better accept length does.
-    goodput_probe_min_drop: float = Field(default=0.3, ge=0)
+    # How long the accept trend's peak is remembered: after this long at a lower accept
+    # length the workload is taken to have changed for good and probing stops.
     goodput_probe_memory_s: float = Field(default=600.0, gt=0)
 
     @field_validator("switch_down")
@@ -314,12 +313,14 @@ def _probe(policy: Policy, group: GroupView, d: Decision, now: float,
 
 def _rebound_would_win(policy: Policy, state: GroupState, load: float,
                        model: GroupCostModel) -> bool:
-    """Whether a probe could change anything: the accept length fell from a recent peak
-    (by `goodput_probe_min_drop`), and back at that peak EAGLE-3 would be ahead at this
-    load. Each probe slows the shared GPU's baseline batch; this keeps a steady workload
-    from paying for them."""
-    peak, current = state.accept_peak, state.accept_trend
-    if peak is None or current is None or peak - current < policy.goodput_probe_min_drop:
+    """Whether a probe could change anything: back at the accept trend's recent peak,
+    EAGLE-3 would be ahead at this load. That holds after the workload's accept length
+    fell (1.6 after 3.0: EAGLE-3 would win again if it came back), and after a noise dip
+    in the fast average moved a quiet group to the baseline; it does not hold for a
+    group on the baseline because it is loaded, whose probes would only slow the shared
+    GPU's baseline batch."""
+    peak = state.accept_peak
+    if peak is None:
         return False
     crossover = model.crossover(peak)
     return crossover is None or crossover > load + 1

@@ -10,7 +10,7 @@ applied to every router variant:
 - `router`: the calibrated threshold policy, default settings (arrival window on);
 - `router-w0`: the same with the arrival window off (`admission.arrival_window_ms=0`);
 - `router-goodput`: `strategy: goodput` with the profile's cost model
-  (`cost_model: {profile: ...}`), shadow-probing the idle EAGLE server every 15 s;
+  (`cost_model: {profile: ...}`), with shadow probes at the default 30 s;
 - `router-goodput-noprobe`: the same without probes.
 
 The router's timers are scaled to the simulator's clock (`router_time_env`).
@@ -40,11 +40,10 @@ from loadtest.scenarios.common import (
 from specrouter.policy import Policy
 
 STATIC = ("eagle", "baseline")
-# While goodput holds a group on the baseline, re-measure the idle EAGLE server's accept
-# length with one request this often (seconds at time scale 1); only where the router
-# has the setting.
+# The goodput probe settings (the product's defaults), spelled out so that the router's
+# timers can be scaled to the simulated clock; only where the router has them.
 GOODPUT_PROBE: dict[str, float] = (
-    {"goodput_probe_s": 15.0, "goodput_probe_memory_s": 600.0}
+    {"goodput_probe_s": 30.0, "goodput_probe_memory_s": 600.0}
     if "goodput_probe_memory_s" in Policy.model_fields else {})
 # Router variants: extra environment, policy fields on top of the calibrated ones, and
 # whether the router gets the profile's cost model.

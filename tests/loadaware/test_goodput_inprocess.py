@@ -108,8 +108,10 @@ def test_idle_eagle_server_is_probed_when_due() -> None:
     assert (back.pool, back.reason) == ("eagle", "goodput_eagle")
 
 
-def test_no_probe_by_default() -> None:
-    router, clock = make()
+def test_no_probe_when_probes_are_off() -> None:
+    router, clock = make(goodput_probe_s=0)
+    for _ in range(10):  # it would be due: the workload accepted 3.0 before
+        poll(router, clock, LOAD, 0, 3.0)
     for _ in range(10):
         poll(router, clock, 0, LOAD, 1.6)
     assert admit(router).pool == "baseline"
@@ -120,20 +122,41 @@ def test_no_probe_by_default() -> None:
 
 
 def test_a_steady_accept_length_is_never_probed() -> None:
-    # The sweep's case: the workload accepts 1.6 all along, but readings of a request or
-    # two scatter (a run of highs, then of lows), so the fast average peaks near 1.9
-    # (crossover 22: EAGLE-3 would win at 14) and falls back. That is noise, not a drop
-    # to go back for: the slow trend barely moves, and no probe slows the shared GPU.
-    router, clock = make(goodput_probe_s=0.5)
+    # The sweep's case: the workload accepts 1.6 all along, the group is on the baseline
+    # because of its load (17: crossover 12.4 at 1.6), and readings of a request or two
+    # scatter (a run of highs, then of lows). The fast average peaks near 1.9 (crossover
+    # 22: EAGLE-3 would win at 17); the slow trend's peak stays near 1.7 (crossover 16:
+    # it would not), so no probe slows the shared GPU for noise.
+    router, clock = make()
     for accept in [1.6] * 10 + [2.1] * 3 + [1.1] * 3:
-        poll(router, clock, 1, 14, accept)
+        poll(router, clock, 1, 17, accept)
     for _ in range(100):
-        poll(router, clock, 0, 14, 1.6)
+        poll(router, clock, 0, 17, 1.6)
         target = router.choose(CHAT)
         assert target.pool == "baseline" and target.probe is None
-    state = router.group_states()["g0"]
-    assert state.accept_peak is not None and state.accept_trend is not None
-    assert state.accept_peak - state.accept_trend < 0.3
+    peak = router.group_states()["g0"].accept_peak
+    assert peak is not None
+    crossover = profile_model("h200-llama3-8b", 2048).crossover(peak)
+    assert crossover is not None and crossover < 17 + 1
+
+
+def test_a_quiet_group_moved_by_a_noise_dip_is_probed_back() -> None:
+    # One request at a time, accepting 3.0 on average; a run of low readings drags the
+    # fast average below the crossover at load 1 and the group to the baseline, where
+    # the EAGLE server gets no more readings. The trend still remembers ~3: a probe
+    # goes out once due, or the group would stay on the baseline for good.
+    router, clock = make(goodput_probe_s=1.0)
+    for accept in [3.0] * 20 + [1.0] * 12:
+        poll(router, clock, 1, 0, accept)
+    target = admit(router)
+    assert target.pool == "baseline" and target.probe is None
+    router.release(target)
+    for _ in range(12):
+        poll(router, clock, 0, 0, 1.0)
+        target = router.choose(CHAT)
+        if target.probe is not None:
+            break
+    assert target.pool == "baseline" and target.probe is not None
 
 
 def test_no_probe_where_even_the_old_accept_length_loses() -> None:
