@@ -118,8 +118,9 @@ class LoadAwareRouter:
         return self._policy.current
 
     async def settle(self, request: RequestInfo) -> None:
-        """Before the first `choose`: a request that would go to EAGLE-3 waits the arrival
-        window, and the requests arriving meanwhile count as load of its decision.
+        """Before the first `choose`: a request that would go to EAGLE-3 (or carry a
+        shadow probe to it) waits the arrival window, and the requests arriving meanwhile
+        count as load of its decision.
 
         Why: a burst that arrives at one instant (closed-loop clients, a batch job) would
         otherwise send its first request to EAGLE-3 at an idle group; that request then
@@ -149,8 +150,9 @@ class LoadAwareRouter:
             self._arriving -= 1
 
     def _eagle_next(self, policy: Policy) -> bool:
-        """Whether a request arriving now would be sent to EAGLE-3 by the strategy (a dry
-        run of `choose`). A group with no healthy baseline server sends everything to
+        """Whether a request arriving now would be sent to EAGLE-3 by the strategy, or
+        carry a probe to it (a dry run of `choose`): a burst arriving behind it would
+        change both. A group with no healthy baseline server sends everything to
         EAGLE-3 whatever arrives, so waiting for the burst could change nothing."""
         now = self._clock()
         groups = self._with_arrivals(self._views(now, frozenset()))
@@ -161,10 +163,11 @@ class LoadAwareRouter:
         if not group.pool_healthy("baseline"):
             return False
         try:
-            return decide(policy, group, self._states[group.name], Hints(), now,
-                          self._cost_models.get(group.name)).pool == "eagle"
+            decision = decide(policy, group, self._states[group.name], Hints(), now,
+                              self._cost_models.get(group.name))
         except NoHealthyPool:
             return False
+        return decision.pool == "eagle" or decision.probe
 
     def _with_arrivals(self, groups: tuple[GroupView, ...]) -> tuple[GroupView, ...]:
         """Group views with the requests still inside their arrival window spread over

@@ -63,6 +63,9 @@ class BackendView:
     stale: bool
     accept_length: float | None
     accept_seen_at: float | None  # received_at of the sample that carried accept_length
+    # requests the server was running when it reported that accept length (None: not
+    # known, e.g. read from /server_info): how many requests the reading averages over
+    accept_batch: int | None = None
 
     def load(self, signal: LoadSignal) -> float:
         """The load under `signal`; without fresh telemetry every signal is in-flight."""
@@ -102,12 +105,21 @@ class GroupView:
 
     def eagle_accept(self) -> tuple[float | None, float | None]:
         """(accept length, when it was received) of the freshest EAGLE server reading."""
-        best: tuple[float | None, float | None] = (None, None)
+        b = self._freshest_accept()
+        return (None, None) if b is None else (b.accept_length, b.accept_seen_at)
+
+    def eagle_accept_batch(self) -> int | None:
+        """Requests behind the freshest EAGLE reading (None: not known)."""
+        b = self._freshest_accept()
+        return None if b is None else b.accept_batch
+
+    def _freshest_accept(self) -> BackendView | None:
+        best: BackendView | None = None
         for b in self.servers("eagle"):
             if b.accept_length is None or b.accept_seen_at is None:
                 continue
-            if best[1] is None or b.accept_seen_at > best[1]:
-                best = (b.accept_length, b.accept_seen_at)
+            if best is None or b.accept_seen_at > (best.accept_seen_at or float("-inf")):
+                best = b
         return best
 
 
@@ -123,6 +135,7 @@ class BackendLoad:
     inflight_at_sample: int = 0
     accept_length: float | None = None
     accept_seen_at: float | None = None
+    accept_batch: int | None = None
     stale_reads: int = 0
 
     def engine_load(self, now: float, interval: float) -> float | None:
@@ -192,12 +205,14 @@ class LoadView:
         if sample.accept_length is not None:
             b.accept_length = sample.accept_length
             b.accept_seen_at = sample.received_at
+            b.accept_batch = sample.running
 
     def publish_accept_length(self, name: str, accept_length: float, received_at: float) -> None:
         """Accept length from a side channel (/server_info) when the load source lacks it."""
         b = self._get(name)
         b.accept_length = accept_length
         b.accept_seen_at = received_at
+        b.accept_batch = None
 
     def backend_view(self, name: str, now: float, healthy: bool = True) -> BackendView:
         b = self._get(name)
@@ -210,6 +225,7 @@ class LoadView:
             engine=b.engine_load(now, self.poll_interval), telemetry_age=b.age(now),
             stale=stale, accept_length=b.accept_length if accept_fresh else None,
             accept_seen_at=b.accept_seen_at if accept_fresh else None,
+            accept_batch=b.accept_batch if accept_fresh else None,
         )
 
     def group_names(self) -> list[str]:

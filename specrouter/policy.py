@@ -44,6 +44,13 @@ REASONS: tuple[str, ...] = (
 # (seed-coding sweep with the fast average as the trend: goodput with probes lost 10-18%
 # at c=2 and c=8 with every client request on the baseline: the probes were the loss).
 ACCEPT_TREND_WEIGHT = 0.1
+# A reading averaged over this many requests gets the plain EWMA weights
+# (`accept_smoothing`, ACCEPT_TREND_WEIGHT); one over fewer gets less, over more more.
+# Without it, readings of a single request (scatter ~0.16) moved the fast average by
+# ~0.08 at seed-coding c=1, where EAGLE-3 leads by 10%, i.e. by one accept-length step
+# of 0.2: a dip sent a quiet group to the baseline.
+ACCEPT_REFERENCE_BATCH = 4
+ACCEPT_MAX_BATCH = 16
 
 
 class Policy(BaseModel):
@@ -254,13 +261,29 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupS
         return state
     if state.accept_seen_at is not None and seen_at <= state.accept_seen_at:
         return state  # this reading is already in the average
-    trend = ewma(state.accept_trend, accept, ACCEPT_TREND_WEIGHT)
-    state = replace(state, accept_ewma=ewma(state.accept_ewma, accept, policy.accept_smoothing),
-                    accept_seen_at=seen_at, accept_trend=trend)
+    evidence = _reading_evidence(group.eagle_accept_batch())
+    trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence))
+    fast = ewma(state.accept_ewma, accept, _weight(policy.accept_smoothing, evidence))
+    state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend)
     if (state.accept_peak is None or trend >= state.accept_peak
             or seen_at - state.accept_peak_at > policy.goodput_probe_memory_s):
         state = replace(state, accept_peak=trend, accept_peak_at=seen_at)
     return state
+
+
+def _reading_evidence(batch: int | None) -> float:
+    """How many reference readings one reading is worth. Its scatter falls as the
+    square root of the requests it averages (one request: ~0.16 over 40 steps), so a
+    reading of `batch` requests counts batch / ACCEPT_REFERENCE_BATCH times, up to a cap."""
+    if batch is None or batch <= 0:
+        return 1.0
+    return min(batch, ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH
+
+
+def _weight(alpha: float, evidence: float) -> float:
+    """The EWMA weight of a reading worth `evidence` reference readings: the weight that
+    many reference readings in a row would have together."""
+    return float(1.0 - (1.0 - alpha) ** evidence)
 
 
 def _goodput(

@@ -5,6 +5,10 @@ is not started: its publish callbacks are called with the samples it would deliv
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from specrouter.breaker import BreakerConfig
 from specrouter.config import HealthSettings, TelemetrySettings
 from specrouter.costsource import profile_model
@@ -30,13 +34,13 @@ class Clock:
         return self.now
 
 
-def make(**policy: object) -> tuple[LoadAwareRouter, Clock]:
+def make(window_s: float = 0.0, **policy: object) -> tuple[LoadAwareRouter, Clock]:
     clock = Clock()
     health = HealthChecker(GROUP, HealthSettings(enabled=False), BreakerConfig(), clock=clock)
     holder = LocalPolicyHolder(Policy.model_validate({"strategy": "goodput", **policy}))
     router = LoadAwareRouter(GROUP, holder, health, TelemetrySettings(interval_s=0.1),
                              cost_models={"g0": profile_model("h200-llama3-8b", 2048)},
-                             clock=clock)
+                             clock=clock, arrival_window_s=window_s)
     return router, clock
 
 
@@ -140,13 +144,13 @@ def test_a_steady_accept_length_is_never_probed() -> None:
     assert crossover is not None and crossover < 17 + 1
 
 
-def test_a_quiet_group_moved_by_a_noise_dip_is_probed_back() -> None:
-    # One request at a time, accepting 3.0 on average; a run of low readings drags the
-    # fast average below the crossover at load 1 and the group to the baseline, where
-    # the EAGLE server gets no more readings. The trend still remembers ~3: a probe
+def test_a_quiet_group_that_moved_to_the_baseline_is_probed_back() -> None:
+    # One request at a time, accepting 3.0, then a long run of low readings drags the
+    # average below the crossover at load 1 and the group to the baseline, where the
+    # EAGLE server gets no more readings. The trend's peak still remembers ~3: a probe
     # goes out once due, or the group would stay on the baseline for good.
     router, clock = make(goodput_probe_s=1.0)
-    for accept in [3.0] * 20 + [1.0] * 12:
+    for accept in [3.0] * 20 + [1.0] * 40:
         poll(router, clock, 1, 0, accept)
     target = admit(router)
     assert target.pool == "baseline" and target.probe is None
@@ -159,6 +163,23 @@ def test_a_quiet_group_moved_by_a_noise_dip_is_probed_back() -> None:
     assert target.pool == "baseline" and target.probe is not None
 
 
+def test_a_reading_counts_by_the_requests_behind_it() -> None:
+    # One request's reading scatters ~4x as much as one of sixteen: it moves the
+    # average less, so a few unlucky steps of a lone request cannot flip a quiet group.
+    def after(batch: int) -> float:
+        router, clock = make()
+        poll(router, clock, batch, 0, 3.0)
+        poll(router, clock, batch, 0, 2.0)
+        accept = router.group_states()["g0"].accept_ewma
+        assert accept is not None
+        return accept
+
+    lone, busy = after(1), after(16)
+    assert lone == pytest.approx(3.0 - (1 - 0.7 ** 0.25))  # a quarter of a reference reading
+    assert busy == pytest.approx(3.0 - (1 - 0.7 ** 4))  # four reference readings
+    assert after(4) == pytest.approx(3.0 - 0.3)  # the reference batch: the plain weight
+
+
 def test_no_probe_where_even_the_old_accept_length_loses() -> None:
     # At 3.0 the crossover is 61.6: with 70 requests in the group the baseline is ahead
     # even if the accept length came back, so a probe would be wasted.
@@ -169,3 +190,30 @@ def test_no_probe_where_even_the_old_accept_length_loses() -> None:
         poll(router, clock, 0, 70, 1.6)
         target = admit(router)
         assert target.pool == "baseline" and target.probe is None
+
+
+def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
+    # 20 requests on the baseline after the accept length fell from 3.0 to 1.6: a probe
+    # is due (crossover 61 at 3.0). 50 more arrive at once: at 70 even 3.0 loses, so
+    # with the arrival window no probe goes out; without it the first one carries one.
+    async def burst(router: LoadAwareRouter) -> list[Target]:
+        async def one() -> Target:
+            await router.settle(CHAT)
+            return admit(router)
+
+        return list(await asyncio.gather(*(one() for _ in range(50))))
+
+    def primed(window_s: float) -> LoadAwareRouter:
+        router, clock = make(window_s=window_s, goodput_probe_s=0.5)
+        for accept in [3.0] * 10 + [1.6] * 20:
+            poll(router, clock, 16, 4, accept)
+        assert router.choose(CHAT).pool == "baseline"  # the switch; probes due 0.5 s on
+        for _ in range(10):
+            poll(router, clock, 0, 20, 1.6)
+        for _ in range(20):
+            router.acquire(Target("g0", "baseline", GROUP[1], "held"))
+        return router
+
+    assert sum(t.probe is not None for t in asyncio.run(burst(primed(0.0)))) == 1
+    assert all(t.pool == "baseline" and t.probe is None
+               for t in asyncio.run(burst(primed(0.01))))
