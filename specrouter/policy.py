@@ -51,6 +51,8 @@ ACCEPT_TREND_WEIGHT = 0.1
 # of 0.2: a dip sent a quiet group to the baseline.
 ACCEPT_REFERENCE_BATCH = 4
 ACCEPT_MAX_BATCH = 16
+# Reference readings the trend must hold before its peak counts (about 1 / its weight).
+ACCEPT_PEAK_MIN_EVIDENCE = 10.0
 
 
 class Policy(BaseModel):
@@ -166,6 +168,7 @@ class GroupState:
     probe_at: float = float("-inf")  # last goodput probe sent to an idle EAGLE server
     # the slow accept trend, its highest value within the probe memory and when that was
     accept_trend: float | None = None
+    accept_evidence: float = 0.0  # reference readings folded in so far
     accept_peak: float | None = None
     accept_peak_at: float = float("-inf")
 
@@ -198,7 +201,8 @@ def decide(
     cost_model: GroupCostModel | None = None,
 ) -> Decision:
     """The pool for one new request in `group`. Store `Decision.state` for the next one."""
-    state = smooth_accept(policy, group, state)
+    state = smooth_accept(policy, group, state,
+                          None if cost_model is None else cost_model.nominal_accept_length)
     load = group.load(policy.load_signal)
     eagle_ok, base_ok = group.pool_healthy("eagle"), group.pool_healthy("baseline")
     if not (eagle_ok or base_ok):
@@ -250,12 +254,18 @@ def _overflow(policy: Policy, group: GroupView, state: GroupState, load: float) 
     return Decision("baseline", "eagle_cap_reached", replace(state, pool="baseline"), load)
 
 
-def smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupState:
-    """`state` with the group's newest EAGLE accept-length reading folded into its EWMA.
+def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
+                  prior: float | None = None) -> GroupState:
+    """`state` with the group's newest EAGLE accept-length reading folded into its
+    averages: the fast one the decisions use (weight `accept_smoothing`) and the slow
+    trend whose peak gates probes (ACCEPT_TREND_WEIGHT).
 
-    Each reading counts once, however many decisions see it. The router calls this on
-    every telemetry reading too, so the average follows the server at the poll rate
-    rather than at the request rate (a quiet group must not keep a stale average)."""
+    Each reading counts once, however many decisions see it, and by the requests behind
+    it (`_reading_evidence`). The fast average starts at `prior` (the cost model's
+    nominal accept length) when there is one, so a lone request's first reading, which
+    can be 0.3 off, moves it by its weight instead of replacing it. The router calls
+    this on every telemetry reading too, so the average follows the server at the poll
+    rate rather than at the request rate (a quiet group must not keep a stale average)."""
     accept, seen_at = group.eagle_accept()
     if accept is None or seen_at is None or accept <= 0:
         return state
@@ -263,8 +273,12 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupS
         return state  # this reading is already in the average
     evidence = _reading_evidence(group.eagle_accept_batch())
     trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence))
-    fast = ewma(state.accept_ewma, accept, _weight(policy.accept_smoothing, evidence))
-    state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend)
+    fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
+                _weight(policy.accept_smoothing, evidence))
+    state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend,
+                    accept_evidence=state.accept_evidence + evidence)
+    if state.accept_evidence < ACCEPT_PEAK_MIN_EVIDENCE:
+        return state  # the trend is still mostly its first readings: no peak to trust
     if (state.accept_peak is None or trend >= state.accept_peak
             or seen_at - state.accept_peak_at > policy.goodput_probe_memory_s):
         state = replace(state, accept_peak=trend, accept_peak_at=seen_at)
@@ -274,10 +288,12 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState) -> GroupS
 def _reading_evidence(batch: int | None) -> float:
     """How many reference readings one reading is worth. Its scatter falls as the
     square root of the requests it averages (one request: ~0.16 over 40 steps), so a
-    reading of `batch` requests counts batch / ACCEPT_REFERENCE_BATCH times, up to a cap."""
-    if batch is None or batch <= 0:
+    reading of `batch` requests counts batch / ACCEPT_REFERENCE_BATCH times, up to a
+    cap; an idle server's (its last steps, which the last request ran) like one
+    request's; one without a request count (/server_info) is worth one."""
+    if batch is None:
         return 1.0
-    return min(batch, ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH
+    return min(max(batch, 1), ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH
 
 
 def _weight(alpha: float, evidence: float) -> float:

@@ -83,10 +83,8 @@ def test_accept_readings_between_requests_each_count() -> None:
 
 def test_idle_eagle_server_is_probed_when_due() -> None:
     router, clock = make(goodput_probe_s=5.0)
-    for _ in range(10):  # the workload accepted 3.0 on EAGLE-3, then fell to 1.6
-        poll(router, clock, LOAD, 0, 3.0)
-    for _ in range(10):
-        poll(router, clock, 0, LOAD, 1.6)
+    for accept in [3.0] * 10 + [1.6] * 10:  # the workload accepted 3.0, then 1.6
+        poll(router, clock, LOAD, 0, accept)
     assert admit(router).pool == "baseline"  # switches at t0; dwell from here
     switched = clock.now
     # Not yet due: the readings since the switch are recent enough.
@@ -114,10 +112,8 @@ def test_idle_eagle_server_is_probed_when_due() -> None:
 
 def test_no_probe_when_probes_are_off() -> None:
     router, clock = make(goodput_probe_s=0)
-    for _ in range(10):  # it would be due: the workload accepted 3.0 before
-        poll(router, clock, LOAD, 0, 3.0)
-    for _ in range(10):
-        poll(router, clock, 0, LOAD, 1.6)
+    for accept in [3.0] * 10 + [1.6] * 10:  # a probe would be due: 3.0 before
+        poll(router, clock, LOAD, 0, accept)
     assert admit(router).pool == "baseline"
     for _ in range(100):
         poll(router, clock, 0, LOAD, 1.6)
@@ -132,8 +128,8 @@ def test_a_steady_accept_length_is_never_probed() -> None:
     # 22: EAGLE-3 would win at 17); the slow trend's peak stays near 1.7 (crossover 16:
     # it would not), so no probe slows the shared GPU for noise.
     router, clock = make()
-    for accept in [1.6] * 10 + [2.1] * 3 + [1.1] * 3:
-        poll(router, clock, 1, 17, accept)
+    for accept in [1.6] * 10 + [2.1] * 3 + [1.1] * 3 + [1.6] * 5:
+        poll(router, clock, 4, 13, accept)  # readings of 4 requests: the plain weights
     for _ in range(100):
         poll(router, clock, 0, 17, 1.6)
         target = router.choose(CHAT)
@@ -163,23 +159,6 @@ def test_a_quiet_group_that_moved_to_the_baseline_is_probed_back() -> None:
     assert target.pool == "baseline" and target.probe is not None
 
 
-def test_a_reading_counts_by_the_requests_behind_it() -> None:
-    # One request's reading scatters ~4x as much as one of sixteen: it moves the
-    # average less, so a few unlucky steps of a lone request cannot flip a quiet group.
-    def after(batch: int) -> float:
-        router, clock = make()
-        poll(router, clock, batch, 0, 3.0)
-        poll(router, clock, batch, 0, 2.0)
-        accept = router.group_states()["g0"].accept_ewma
-        assert accept is not None
-        return accept
-
-    lone, busy = after(1), after(16)
-    assert lone == pytest.approx(3.0 - (1 - 0.7 ** 0.25))  # a quarter of a reference reading
-    assert busy == pytest.approx(3.0 - (1 - 0.7 ** 4))  # four reference readings
-    assert after(4) == pytest.approx(3.0 - 0.3)  # the reference batch: the plain weight
-
-
 def test_no_probe_where_even_the_old_accept_length_loses() -> None:
     # At 3.0 the crossover is 61.6: with 70 requests in the group the baseline is ahead
     # even if the accept length came back, so a probe would be wasted.
@@ -188,8 +167,27 @@ def test_no_probe_where_even_the_old_accept_length_loses() -> None:
         poll(router, clock, 20, 0, 3.0)
     for _ in range(100):
         poll(router, clock, 0, 70, 1.6)
-        target = admit(router)
+        target = router.choose(CHAT)
         assert target.pool == "baseline" and target.probe is None
+
+
+def test_a_reading_counts_by_the_requests_behind_it() -> None:
+    # One request's reading scatters ~4x as much as one of sixteen: it moves the
+    # average less, so a few unlucky steps of a lone request cannot flip a quiet group.
+    def weight_of(batch: int) -> float:
+        router, clock = make()
+        poll(router, clock, 4, 0, 3.0)
+        before = router.group_states()["g0"].accept_ewma
+        poll(router, clock, batch, 0, 2.0)
+        after = router.group_states()["g0"].accept_ewma
+        assert before is not None and after is not None
+        return (before - after) / (before - 2.0)
+
+    assert weight_of(1) == pytest.approx(1 - 0.7 ** 0.25)  # a quarter of a reading
+    assert weight_of(4) == pytest.approx(0.3)  # the reference batch: the plain weight
+    assert weight_of(16) == pytest.approx(1 - 0.7 ** 4)
+    assert weight_of(64) == pytest.approx(1 - 0.7 ** 4)  # capped
+    assert weight_of(0) == weight_of(1)  # an idle server's last steps: one request's
 
 
 def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:

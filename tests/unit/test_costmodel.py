@@ -187,11 +187,14 @@ def test_goodput_smooths_accept_length_per_new_reading() -> None:
     m = llama()
     p = GOODPUT.model_copy(update={"accept_smoothing": 0.5})
     st = decide(p, group(accept=3.0, accept_at=1.0), GroupState(), Hints(), 1.0, m).state
+    # The average starts at the model's nominal accept length: a first reading moves it.
+    first = m.nominal_accept_length + 0.5 * (3.0 - m.nominal_accept_length)
+    assert st.accept_ewma == pytest.approx(first)
     st = decide(p, group(accept=1.0, accept_at=2.0), st, Hints(), 2.0, m).state
-    assert st.accept_ewma == 2.0
+    assert st.accept_ewma == pytest.approx(first + 0.5 * (1.0 - first))
     # The same reading seen again (many requests between polls) is not re-weighted.
     st = decide(p, group(accept=1.0, accept_at=2.0), st, Hints(), 2.1, m).state
-    assert st.accept_ewma == 2.0
+    assert st.accept_ewma == pytest.approx(first + 0.5 * (1.0 - first))
 
 
 def test_goodput_without_model_falls_back_to_threshold() -> None:
