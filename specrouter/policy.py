@@ -169,6 +169,7 @@ class GroupState:
     # the slow accept trend, its highest value within the probe memory and when that was
     accept_trend: float | None = None
     accept_evidence: float = 0.0  # reference readings folded in so far
+    accept_idle_folded: bool = False  # the idle server's snapshot is already in
     accept_peak: float | None = None
     accept_peak_at: float = float("-inf")
 
@@ -271,12 +272,18 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
         return state
     if state.accept_seen_at is not None and seen_at <= state.accept_seen_at:
         return state  # this reading is already in the average
-    evidence = _reading_evidence(group.eagle_accept_batch())
+    batch = group.eagle_accept_batch()
+    idle = batch is not None and batch <= 0
+    if idle and state.accept_idle_folded:
+        # An idle server repeats its last snapshot at every poll: folding it again and
+        # again would let one request's noisy last steps take over the average.
+        return replace(state, accept_seen_at=seen_at)
+    evidence = _reading_evidence(batch)
     trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence))
     fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
                 _weight(policy.accept_smoothing, evidence))
     state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend,
-                    accept_evidence=state.accept_evidence + evidence)
+                    accept_evidence=state.accept_evidence + evidence, accept_idle_folded=idle)
     if state.accept_evidence < ACCEPT_PEAK_MIN_EVIDENCE:
         return state  # the trend is still mostly its first readings: no peak to trust
     if (state.accept_peak is None or trend >= state.accept_peak
@@ -290,7 +297,7 @@ def _reading_evidence(batch: int | None) -> float:
     square root of the requests it averages (one request: ~0.16 over 40 steps), so a
     reading of `batch` requests counts batch / ACCEPT_REFERENCE_BATCH times, up to a
     cap; an idle server's (its last steps, which the last request ran) like one
-    request's; one without a request count (/server_info) is worth one."""
+    request's, once; one without a request count (/server_info) is worth one."""
     if batch is None:
         return 1.0
     return min(max(batch, 1), ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH

@@ -195,6 +195,8 @@ def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_bas
                                          "goodput_probe_tokens": 40,
                                          "allow_client_override": True}),
         "SPECROUTER_COST_MODEL__PROFILE": "seed-coding", "SPECROUTER_COST_MODEL__CTX": "1024",
+        # polls on the simulated clock, as the benchmarks run them: 0.1 s x time scale
+        "SPECROUTER_TELEMETRY__INTERVAL_S": "0.005",
     })
 
     def chat(max_tokens: int) -> dict[str, Any]:
@@ -204,9 +206,11 @@ def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_bas
     async def scenario() -> None:
         async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
             on_eagle = {"x-specrouter-pool": "eagle"}
-            for accept in (3.5, 1.6):
+            # Long enough that the router has seen the 3.5 well (its trend's peak needs
+            # ~10 readings' worth of evidence, one request's readings count 1/4).
+            for accept, tokens in ((3.5, 2000), (1.6, 800)):
                 sim.control("eagle", accept_length=accept)
-                await client.post(f"{proc.v1}/chat/completions", json=chat(400),
+                await client.post(f"{proc.v1}/chat/completions", json=chat(tokens),
                                   headers=on_eagle)
             await _until(client, proc.url, "the accept average to fall",
                          lambda g: g["accept_length"] is not None and g["accept_length"] < 2.2)

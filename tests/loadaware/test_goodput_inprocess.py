@@ -188,6 +188,17 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     assert weight_of(16) == pytest.approx(1 - 0.7 ** 4)
     assert weight_of(64) == pytest.approx(1 - 0.7 ** 4)  # capped
     assert weight_of(0) == weight_of(1)  # an idle server's last steps: one request's
+    # ... once: it repeats that snapshot at every poll until the server works again.
+    router, clock = make()
+    poll(router, clock, 4, 0, 3.0)
+    poll(router, clock, 0, 0, 2.0)
+    once = router.group_states()["g0"].accept_ewma
+    for _ in range(20):
+        poll(router, clock, 0, 0, 2.0)
+    assert router.group_states()["g0"].accept_ewma == once
+    poll(router, clock, 1, 0, 2.0)  # busy again: its readings count
+    again = router.group_states()["g0"].accept_ewma
+    assert once is not None and again is not None and again < once
 
 
 def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
