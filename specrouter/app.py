@@ -344,7 +344,9 @@ class Proxy:
         tried: frozenset[str] = frozenset()
         failed: _Retry | None = None
         if self._settle is not None:
-            await self._settle(info)
+            burst_ahead = await self._settle(info)
+            if burst_ahead:
+                info = replace(info, burst_ahead=burst_ahead)
         while True:
             try:
                 target = self.router.choose(replace(info, exclude=tried) if tried else info)

@@ -195,8 +195,9 @@ class AdmissionSettings(_Section):
     all of it. A request that would go to EAGLE-3 therefore waits until no other request
     arrived for `arrival_window_ms` (at most `arrival_max_wait_ms`: a burst whose clients
     connect one after another keeps the first ones waiting), and requests arriving
-    meanwhile count as load. Only the EAGLE-3 regime pays it (one window at low load, a
-    few ms on generations of seconds); 0 turns it off.
+    meanwhile count as load; a burst still arriving at the cap counts twice. Only the
+    EAGLE-3 regime pays it (one window at low load, a few ms on generations of seconds);
+    0 turns it off.
     """
 
     arrival_window_ms: float = Field(default=2.0, ge=0, le=1000)

@@ -83,6 +83,7 @@ class LoadAwareRouter:
         self._arrival_window_s = arrival_window_s
         self._arrival_max_wait_s = max(arrival_window_s, arrival_max_wait_s)
         self._arriving = 0  # requests inside `settle`, not yet decided
+        self._arrivals = 0  # generation requests seen by `settle`, ever
         self._last_arrival = float("-inf")  # event-loop time of the latest generation request
         self._by_name = {b.name: b for b in self._backends}
         self._policy = policy
@@ -117,35 +118,42 @@ class LoadAwareRouter:
     def policy(self) -> Policy:
         return self._policy.current
 
-    async def settle(self, request: RequestInfo) -> None:
+    async def settle(self, request: RequestInfo) -> int:
         """Before the first `choose`: a request that would go to EAGLE-3 (or carry a
         shadow probe to it) waits the arrival window, and the requests arriving meanwhile
-        count as load of its decision.
+        count as load of its decision. Returns how many more requests its decision should
+        expect (`RequestInfo.burst_ahead`).
 
         Why: a burst that arrives at one instant (closed-loop clients, a batch job) would
         otherwise send its first request to EAGLE-3 at an idle group; that request then
         shares the GPU with the baseline's batch for its whole life and slows all of it.
-        In the baseline regime nothing waits.
+        A burst still arriving when the wait reaches its cap is taken to go on at the
+        rate seen so far for as long again: 64 closed-loop clients opening connections
+        reach the router over more than the 16 ms cap, and the first request, seeing 40
+        of them, would still go to EAGLE-3 below a crossover of 44. In the baseline
+        regime nothing waits.
         """
         if (self._arrival_window_s <= 0 or request.pool is not None or request.exclude
                 or request.path not in _GENERATION_PATHS):
-            return
+            return 0
         loop = asyncio.get_running_loop()
         self._last_arrival = arrived = loop.time()
+        self._arrivals += 1
+        seen_before = self._arrivals
         policy = self._policy.current
         if policy.mode != "auto" or not self._eagle_next(policy):
-            return
+            return 0
         self._arriving += 1
         try:
             # Wait for a quiet window: a burst whose requests keep arriving (each one
             # opening its own connection) is seen whole, up to a cap.
             cap = arrived + self._arrival_max_wait_s
             while True:
-                until = min(self._last_arrival + self._arrival_window_s, cap)
+                quiet_at = self._last_arrival + self._arrival_window_s
                 now = loop.time()
-                if now >= until:
-                    return
-                await asyncio.sleep(until - now)
+                if now >= min(quiet_at, cap):
+                    return self._arrivals - seen_before if quiet_at > cap else 0
+                await asyncio.sleep(min(quiet_at, cap) - now)
         finally:
             self._arriving -= 1
 
@@ -169,14 +177,17 @@ class LoadAwareRouter:
             return False
         return decision.pool == "eagle" or decision.probe
 
-    def _with_arrivals(self, groups: tuple[GroupView, ...]) -> tuple[GroupView, ...]:
-        """Group views with the requests still inside their arrival window spread over
-        the live groups (the group choice will spread them so), as one extra load entry
-        that no request can be sent to."""
+    def _with_arrivals(self, groups: tuple[GroupView, ...],
+                       expected: int = 0) -> tuple[GroupView, ...]:
+        """Group views with the requests still inside their arrival window (and the
+        `expected` ones of a burst still arriving) spread over the live groups (the group
+        choice will spread them so), as one extra load entry that no request can be sent
+        to."""
         live = sum(1 for g in groups if g.any_healthy)
-        if not self._arriving or not live:
+        pending_requests = self._arriving + expected
+        if not pending_requests or not live:
             return groups
-        share = self._arriving / live
+        share = pending_requests / live
         pending = BackendView(name=_ARRIVING, pool="baseline", healthy=False,
                               inflight=int(share), engine=share, telemetry_age=0.0,
                               stale=False, accept_length=None, accept_seen_at=None)
@@ -186,8 +197,8 @@ class LoadAwareRouter:
         now = self._clock()
         policy = self._policy.current
         groups = self._views(now, request.exclude)
-        if self._arriving and request.pool is None:
-            groups = self._with_arrivals(groups)
+        if (self._arriving or request.burst_ahead) and request.pool is None:
+            groups = self._with_arrivals(groups, request.burst_ahead)
         if request.pool is not None:
             target = self._route_pool(groups, request.pool, policy.load_signal)
         else:

@@ -53,6 +53,9 @@ class RequestInfo:
     pool: Pool | None = None
     pool_header: str | None = None
     exclude: frozenset[str] = frozenset()
+    # requests of a burst still arriving that the decision should count (the router's
+    # `settle` says how many)
+    burst_ahead: int = 0
 
 
 @dataclass(frozen=True, slots=True)

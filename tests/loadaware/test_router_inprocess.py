@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -31,15 +32,16 @@ class Clock:
         return self.now
 
 
-def make(backends: list[Backend], window_s: float = 0.0, **policy: object
-         ) -> tuple[LoadAwareRouter, Clock]:
+def make(backends: list[Backend], window_s: float = 0.0, max_wait_s: float = 0.016,
+         **policy: object) -> tuple[LoadAwareRouter, Clock]:
     clock = Clock()
     health = HealthChecker(backends, HealthSettings(enabled=False),
                            BreakerConfig(failure_threshold=2, cooldown_s=5.0,
                                          success_threshold=1), clock=clock)
     holder = LocalPolicyHolder(Policy.model_validate(policy))
     router = LoadAwareRouter(backends, holder, health, TelemetrySettings(enabled=False),
-                             clock=clock, arrival_window_s=window_s)
+                             clock=clock, arrival_window_s=window_s,
+                             arrival_max_wait_s=max_wait_s)
     return router, clock
 
 
@@ -135,15 +137,31 @@ def test_client_header_rules() -> None:
     assert denied.choose(RequestInfo("/v1/chat/completions", pool_header="both")).pool == "eagle"
 
 
+async def _spread(router: LoadAwareRouter, n: int, gap_s: float,
+                  use_hint: bool = True) -> list[str]:
+    """`n` requests `gap_s` apart through settle and choose, as the proxy runs them."""
+    async def one(i: int) -> str:
+        await asyncio.sleep(i * gap_s)  # each client connects a little later
+        burst_ahead = await router.settle(CHAT)
+        return admit(router, replace(CHAT, burst_ahead=burst_ahead if use_hint else 0)).pool
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
 def test_a_burst_spread_over_several_windows_is_still_seen_whole() -> None:
-    async def spread(router: LoadAwareRouter, n: int, gap_s: float) -> list[str]:
-        async def one(i: int) -> str:
-            await asyncio.sleep(i * gap_s)  # each client connects a little later
-            await router.settle(CHAT)
-            return admit(router).pool
-
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
-
     router, _ = make(ONE_GROUP, window_s=0.02, switch_up=0.5, switch_down=0)
     # 6 arrivals 10 ms apart: 50 ms in all, more than two windows, fewer than the cap.
-    assert asyncio.run(spread(router, 6, 0.01)) == ["baseline"] * 6
+    assert asyncio.run(_spread(router, 6, 0.01)) == ["baseline"] * 6
+
+
+def test_a_burst_still_arriving_at_the_cap_is_expected_to_go_on() -> None:
+    # 60 requests 2 ms apart (closed-loop clients opening their connections): the first
+    # one's wait ends at the 40 ms cap with ~20 seen, below switch_up 30. Taken to go on
+    # as long again, the burst is ~40: nothing goes to EAGLE-3.
+    def run(use_hint: bool) -> list[str]:
+        router, _ = make(ONE_GROUP, window_s=0.01, max_wait_s=0.04, switch_up=30,
+                         switch_down=20)
+        return asyncio.run(_spread(router, 60, 0.002, use_hint))
+
+    assert run(use_hint=True) == ["baseline"] * 60
+    assert "eagle" in run(use_hint=False)  # what the cap alone would do
