@@ -592,10 +592,15 @@ async def sim_control(request: Request) -> Response:
     try:
         accept = fields.pop("accept_length", None)
         schedule = fields.pop("accept_length_schedule", None)
+        seed = fields.pop("seed", None)
         _check_accept(server, accept, schedule)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ControlError("seed must be an integer")
         apply_control(server.faults, fields)
     except (ControlError, ProfileError) as exc:
         return error_response(str(exc))
+    if seed is not None:
+        server.engine.reseed(seed)
     if accept is not None:
         server.engine.set_accept_length(float(accept))
     if schedule is not None:

@@ -104,7 +104,7 @@ class Engine:
         self.clock = gpu.clock
         self.limits = limits
         self.max_queued_requests = max_queued_requests
-        self.rng = random.Random(f"{seed}:{name}:{kind}")
+        self.rng = self._sampler(seed)
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -181,6 +181,15 @@ class Engine:
     def set_accept_length(self, value: float) -> None:
         self._accept_override = value
         self._schedule = ()
+
+    def _sampler(self, seed: int) -> random.Random:
+        return random.Random(f"{seed}:{self.name}:{self.kind}")
+
+    def reseed(self, seed: int) -> None:
+        """Restart the acceptance and output-length draws from `seed`: a benchmark that
+        reseeds before each run gives every config the same random draws (common random
+        numbers), so the configs differ by what they do and not by their luck."""
+        self.rng = self._sampler(seed)
 
     def set_accept_schedule(self, schedule: tuple[tuple[float, float], ...]) -> None:
         self._accept_override = None

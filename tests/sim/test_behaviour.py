@@ -170,6 +170,23 @@ def test_accept_length_control_and_schedule(sim_group: Callable[..., SimGroup]) 
                       json={"accept_length": 9}).status_code == 400
 
 
+def test_reseed_replays_the_same_draws(sim_group: Callable[..., SimGroup]) -> None:
+    # Benchmarks reseed before each level so every config sees the same acceptance draws.
+    group = sim_group(time_scale=0.02)
+
+    def steps_of_one_request() -> int:
+        before = group.state("eagle")["decode_steps"]
+        _completion(group.eagle_url, 300)
+        steps: int = group.state("eagle")["decode_steps"] - before
+        return steps
+
+    group.control("eagle", seed=11)
+    first = steps_of_one_request()
+    group.control("eagle", seed=11)
+    assert steps_of_one_request() == first
+    assert httpx.post(f"{group.eagle_url}/sim/control", json={"seed": "x"}).status_code == 400
+
+
 async def _steady_closed_loop(group: SimGroup, pool: str, concurrency: int,
                               round_sim_s: float, time_scale: float) -> float:
     """Closed loop with client starts spread over one round, as a long-running benchmark
