@@ -108,6 +108,8 @@ async def _drive(url: str, model: str, s: TraceSettings, phases: list[Phase],
         await asyncio.to_thread(sim_control, sim.eagle_url, phase.control)
 
     samples: list[dict[str, Any]] = []
+    for engine_url in sim.urls().values():  # every config sees the same draws (sweep.py)
+        await asyncio.to_thread(sim_control, engine_url, {"seed": s.seed})
     async with LoadGenerator(url, shape, load_prompts(), seed=s.seed, progress=s.progress,
                              time_scale=s.time_scale) as gen:
         sampler = None
