@@ -11,6 +11,7 @@ Reasons are short stable strings, used as metric labels and in a response header
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -170,6 +171,7 @@ class GroupState:
     accept_trend: float | None = None
     accept_evidence: float = 0.0  # reference readings folded in so far
     accept_idle_folded: bool = False  # the idle server's snapshot is already in
+    accept_folded_at: float = float("-inf")  # reading time of the last reading folded in
     accept_peak: float | None = None
     accept_peak_at: float = float("-inf")
 
@@ -279,11 +281,13 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
         # again would let one request's noisy last steps take over the average.
         return replace(state, accept_seen_at=seen_at)
     evidence = _reading_evidence(batch)
-    trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence))
+    keep = _freshness(policy, seen_at - state.accept_folded_at) if state.accept_ewma else 1.0
+    trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence, keep))
     fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
-                _weight(policy.accept_smoothing, evidence))
+                _weight(policy.accept_smoothing, evidence, keep))
     state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend,
-                    accept_evidence=state.accept_evidence + evidence, accept_idle_folded=idle)
+                    accept_evidence=state.accept_evidence + evidence, accept_idle_folded=idle,
+                    accept_folded_at=seen_at)
     if state.accept_evidence < ACCEPT_PEAK_MIN_EVIDENCE:
         return state  # the trend is still mostly its first readings: no peak to trust
     if (state.accept_peak is None or trend >= state.accept_peak
@@ -303,10 +307,23 @@ def _reading_evidence(batch: int | None) -> float:
     return min(max(batch, 1), ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH
 
 
-def _weight(alpha: float, evidence: float) -> float:
+def _weight(alpha: float, evidence: float, keep: float = 1.0) -> float:
     """The EWMA weight of a reading worth `evidence` reference readings: the weight that
-    many reference readings in a row would have together."""
-    return float(1.0 - (1.0 - alpha) ** evidence)
+    many reference readings in a row would have together, against an average that kept
+    `keep` of its own weight since its last reading (`_freshness`)."""
+    new = 1.0 - (1.0 - alpha) ** evidence
+    return float(new / (new + keep * (1.0 - new)))
+
+
+def _freshness(policy: Policy, age_s: float) -> float:
+    """How much of its weight an average keeps after `age_s` without a reading. An idle
+    EAGLE server is re-measured by a probe every `goodput_probe_s`; by then the average
+    holds the workload of a probe period ago, and the probe's few readings (one request
+    each) must be able to move it: it decays with a time constant of a quarter period.
+    Without probes nothing re-measures it, and it keeps its weight."""
+    if policy.goodput_probe_s <= 0:
+        return 1.0
+    return math.exp(-max(0.0, age_s) / (policy.goodput_probe_s / 4))
 
 
 def _goodput(

@@ -175,7 +175,7 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     # One request's reading scatters ~4x as much as one of sixteen: it moves the
     # average less, so a few unlucky steps of a lone request cannot flip a quiet group.
     def weight_of(batch: int) -> float:
-        router, clock = make()
+        router, clock = make(goodput_probe_s=0)  # no probes: the average never goes stale
         poll(router, clock, 4, 0, 3.0)
         before = router.group_states()["g0"].accept_ewma
         poll(router, clock, batch, 0, 2.0)
@@ -189,7 +189,7 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     assert weight_of(64) == pytest.approx(1 - 0.7 ** 4)  # capped
     assert weight_of(0) == weight_of(1)  # an idle server's last steps: one request's
     # ... once: it repeats that snapshot at every poll until the server works again.
-    router, clock = make()
+    router, clock = make(goodput_probe_s=0)
     poll(router, clock, 4, 0, 3.0)
     poll(router, clock, 0, 0, 2.0)
     once = router.group_states()["g0"].accept_ewma
@@ -199,6 +199,22 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     poll(router, clock, 1, 0, 2.0)  # busy again: its readings count
     again = router.group_states()["g0"].accept_ewma
     assert once is not None and again is not None and again < once
+
+
+def test_a_probe_reading_after_a_quiet_period_outweighs_the_stale_average() -> None:
+    # The group sat on the baseline for a probe period (EAGLE idle, no readings): the
+    # probe's first reading, one request's, must move the average most of the way, or a
+    # recovered workload would need many probes to win EAGLE-3 back.
+    router, clock = make(goodput_probe_s=8.0)
+    for _ in range(10):
+        poll(router, clock, 16, 0, 1.6)
+    clock.now += 8.0  # a probe period without a reading
+    poll(router, clock, 1, 0, 3.0)
+    accept = router.group_states()["g0"].accept_ewma
+    assert accept is not None and accept > 2.7  # 1.6 + 1.4 * 0.84 (e^-4 of weight kept)
+    poll(router, clock, 1, 0, 1.6)  # right after: back to one request's small weight
+    after = router.group_states()["g0"].accept_ewma
+    assert after is not None and accept - after < 0.15
 
 
 def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:

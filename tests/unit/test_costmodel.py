@@ -185,7 +185,7 @@ def test_goodput_dwell_never_holds_a_surge_on_eagle() -> None:
 
 def test_goodput_smooths_accept_length_per_new_reading() -> None:
     m = llama()
-    p = GOODPUT.model_copy(update={"accept_smoothing": 0.5})
+    p = GOODPUT.model_copy(update={"accept_smoothing": 0.5, "goodput_probe_s": 0.0})
     st = decide(p, group(accept=3.0, accept_at=1.0), GroupState(), Hints(), 1.0, m).state
     # The average starts at the model's nominal accept length: a first reading moves it.
     first = m.nominal_accept_length + 0.5 * (3.0 - m.nominal_accept_length)
