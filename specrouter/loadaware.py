@@ -103,6 +103,7 @@ class LoadAwareRouter:
                 targets=[TelemetryTarget(b.name, b.url, b.api_key, b.pool == "eagle")
                          for b in self._backends],
                 publish=self._publish_sample, publish_accept=self._publish_accept,
+                poll_started=self.view.poll_started,
                 interval=telemetry.interval_s, timeout=telemetry.timeout_s,
             )
         if metrics is not None:

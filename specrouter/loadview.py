@@ -133,6 +133,7 @@ class BackendLoad:
     inflight: int = 0
     sample: EngineSample | None = None
     inflight_at_sample: int = 0
+    inflight_at_poll: int | None = None  # when the poll now on the wire was sent
     accept_length: float | None = None
     accept_seen_at: float | None = None
     accept_batch: int | None = None
@@ -141,11 +142,18 @@ class BackendLoad:
     def engine_load(self, now: float, interval: float) -> float | None:
         """Credited engine load, or None when there is no fresh sample.
 
-        Rule: telemetry + (in-flight now - in-flight when the sample arrived), floored
+        Rule: telemetry + (in-flight now - in-flight when the sample was taken), floored
         at 0. A request dispatched before the sample is counted in both the sample and
         `inflight_at_sample`, so the difference excludes it; one dispatched after is
         in neither the sample nor the snapshot, so the difference adds it; one finished
         after the sample is subtracted. Other clients' work stays in via the sample.
+        The engine takes its snapshot somewhere between the poll's sending and its answer,
+        so `inflight_at_sample` is the larger of the counts at those two moments: a
+        request that ended while the poll was on the wire is still in the engine's count
+        and must not stay in the load as a phantom (it sent seed-coding's c=1, threshold
+        0.67, to the baseline for 2 requests of 8). Erring low instead only hides a
+        request dispatched during the round trip from the engine part until the next
+        poll, and the router's own in-flight count, exact, still counts it.
         """
         if self.sample is None or self.is_stale(now, interval):
             return None
@@ -201,11 +209,17 @@ class LoadView:
         if b.sample is not None and sample.received_at < b.sample.received_at:
             return  # an answer overtaken by a newer one
         b.sample = sample
-        b.inflight_at_sample = b.inflight
+        at_poll = b.inflight if b.inflight_at_poll is None else b.inflight_at_poll
+        b.inflight_at_sample, b.inflight_at_poll = max(b.inflight, at_poll), None
         if sample.accept_length is not None:
             b.accept_length = sample.accept_length
             b.accept_seen_at = sample.received_at
             b.accept_batch = sample.running
+
+    def poll_started(self, name: str) -> None:
+        """A telemetry poll of `name` is being sent (see `BackendLoad.engine_load`)."""
+        b = self._get(name)
+        b.inflight_at_poll = b.inflight
 
     def publish_accept_length(self, name: str, accept_length: float, received_at: float) -> None:
         """Accept length from a side channel (/server_info) when the load source lacks it."""

@@ -186,6 +186,9 @@ class TelemetryPoller:
     targets: Sequence[TelemetryTarget]
     publish: Callable[[str, EngineSample], None]
     publish_accept: Callable[[str, float, float], None] | None = None
+    # called as each poll is sent (LoadView.poll_started: the credit rule needs the
+    # in-flight count at the moment the engine took its snapshot, not only at the answer)
+    poll_started: Callable[[str], None] | None = None
     interval: float = 0.1
     timeout: float = 2.0
     accept_every: int = 10
@@ -244,6 +247,8 @@ class TelemetryPoller:
         """One poll of one target; never raises for network or payload trouble."""
         st = self._states[target.name]
         st.polls += 1
+        if self.poll_started is not None:
+            self.poll_started(target.name)
         order = [st.source] if st.source else []
         order += [s for s in SOURCES if s not in order]
         for source in order:

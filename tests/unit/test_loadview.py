@@ -31,6 +31,20 @@ def test_credit_rule_counts_dispatches_once() -> None:
     assert (v.load("inflight"), v.load("engine"), v.load("max")) == (4.0, 6.0, 6.0)
 
 
+def test_a_request_that_ends_while_the_poll_is_on_the_wire_is_no_phantom() -> None:
+    lv = view()
+    lv.acquire("e0")
+    lv.poll_started("e0")  # the engine's snapshot will still hold our one request
+    lv.release("e0")  # it ends before the answer arrives
+    lv.publish("e0", EngineSample(running=1, waiting=0, received_at=10.0))
+    assert lv.backend_view("e0", 10.01).engine == 0.0  # not a phantom 1 for a poll interval
+    # A request dispatched during the round trip and already in the snapshot: counted once.
+    lv.poll_started("e0")
+    lv.acquire("e0")
+    lv.publish("e0", EngineSample(running=1, waiting=0, received_at=10.1))
+    assert lv.backend_view("e0", 10.11).engine == 1.0
+
+
 def test_engine_below_inflight_and_floor() -> None:
     lv = view()
     lv.acquire("e0")

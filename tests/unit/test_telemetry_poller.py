@@ -37,7 +37,7 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
     poller = TelemetryPoller(
         [TelemetryTarget("e", eagle, KEY, speculative=True), TelemetryTarget("b", base, KEY),
          TelemetryTarget("e-nokey", eagle, None, speculative=True)],
-        lv.publish, lv.publish_accept_length, interval=0.1)
+        lv.publish, lv.publish_accept_length, poll_started=lv.poll_started, interval=0.1)
     async with poller:
         await eventually(lambda: all(b.sample is not None for b in lv.backends.values()),
                          30.0, "a first sample from every target")
