@@ -377,16 +377,17 @@ def _probe(policy: Policy, group: GroupView, d: Decision, now: float,
 def _rebound_would_win(policy: Policy, state: GroupState, load: float,
                        model: GroupCostModel) -> bool:
     """Whether a probe could change anything: back at the accept trend's recent peak,
-    EAGLE-3 would be ahead at this load. That holds after the workload's accept length
-    fell (1.6 after 3.0: EAGLE-3 would win again if it came back), and after a noise dip
-    in the fast average moved a quiet group to the baseline; it does not hold for a
-    group on the baseline because it is loaded, whose probes would only slow the shared
-    GPU's baseline batch."""
+    EAGLE-3 would be ahead at this load by the margin a switch needs. That holds after
+    the workload's accept length fell (1.6 after 3.0: EAGLE-3 would win again if it came
+    back), and after a noise dip in the fast average moved a quiet group to the baseline;
+    it does not hold for a group on the baseline because it is loaded, whose probes
+    would only slow the shared GPU's baseline batch. The margin matters where the pools
+    are close: at seed-coding c=2 a peak 0.1 above the mean moved the crossover past the
+    load, and probes there cost the level 9%."""
     peak = state.accept_peak
     if peak is None:
         return False
-    crossover = model.crossover(peak)
-    return crossover is None or crossover > load + 1
+    return model.ratio(load + 1, peak) > 1.0 + policy.goodput_margin
 
 
 # --- group choice --------------------------------------------------------------------------

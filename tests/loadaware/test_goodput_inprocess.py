@@ -140,6 +140,23 @@ def test_a_steady_accept_length_is_never_probed() -> None:
     assert crossover is not None and crossover < 17 + 1
 
 
+def test_no_probe_when_even_the_peak_would_not_clear_the_switching_margin() -> None:
+    # The trend peaked at 1.75 (crossover 17): at 15 requests EAGLE-3 would lead by only
+    # 1.9% back there, less than the 3% goodput_margin a switch needs, so a probe could
+    # not change the decision and would only slow the shared GPU.
+    router, clock = make(goodput_probe_s=0.5)
+    for accept in [1.75] * 30 + [1.6] * 20:
+        poll(router, clock, 4, 11, accept)
+    assert router.choose(CHAT).pool == "baseline"
+    for _ in range(50):
+        poll(router, clock, 0, 15, 1.6)
+        target = router.choose(CHAT)
+        assert target.pool == "baseline" and target.probe is None
+    peak = router.group_states()["g0"].accept_peak
+    model = profile_model("h200-llama3-8b", 2048)
+    assert peak is not None and 1.0 < model.ratio(16, peak) < 1.03
+
+
 def test_a_quiet_group_that_moved_to_the_baseline_is_probed_back() -> None:
     # One request at a time, accepting 3.0, then a long run of low readings drags the
     # average below the crossover at load 1 and the group to the baseline, where the
