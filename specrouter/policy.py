@@ -281,7 +281,9 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
         # again would let one request's noisy last steps take over the average.
         return replace(state, accept_seen_at=seen_at)
     evidence = _reading_evidence(batch)
-    keep = _freshness(policy, seen_at - state.accept_folded_at) if state.accept_ewma else 1.0
+    # Only new steps outweigh a stale average: an idle server's snapshot holds old ones.
+    fresh_steps = state.accept_ewma is not None and not idle
+    keep = _freshness(policy, seen_at - state.accept_folded_at) if fresh_steps else 1.0
     trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence, keep))
     fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
                 _weight(policy.accept_smoothing, evidence, keep))

@@ -232,6 +232,11 @@ def test_a_probe_reading_after_a_quiet_period_outweighs_the_stale_average() -> N
     poll(router, clock, 1, 0, 1.6)  # right after: back to one request's small weight
     after = router.group_states()["g0"].accept_ewma
     assert after is not None and accept - after < 0.15
+    # An idle server's snapshot after a quiet period is old steps: no such boost.
+    clock.now += 8.0
+    poll(router, clock, 0, 0, 1.0)
+    idle = router.group_states()["g0"].accept_ewma
+    assert idle is not None and after - idle < 0.15
 
 
 def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
