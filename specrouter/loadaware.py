@@ -130,9 +130,9 @@ class LoadAwareRouter:
         shares the GPU with the baseline's batch for its whole life and slows all of it.
         A burst still arriving when the wait reaches its cap is taken to go on at the
         rate seen so far for as long again: 64 closed-loop clients opening connections
-        reach the router over more than the 16 ms cap, and the first request, seeing 40
-        of them, would still go to EAGLE-3 below a crossover of 44. In the baseline
-        regime nothing waits.
+        reach the router over more than the 16 ms cap, and without that a request decided
+        at the cap, having seen fewer than 44 of them (the goodput crossover at accept
+        2.5), still went to EAGLE-3. In the baseline regime nothing waits.
         """
         if (self._arrival_window_s <= 0 or request.pool is not None or request.exclude
                 or request.path not in _GENERATION_PATHS):

@@ -84,9 +84,9 @@ class Policy(BaseModel):
     # `goodput_probe_tokens` output tokens, sent to the EAGLE server and thrown away
     # (the client's request still goes to the baseline). Only when it could matter:
     # the highest accept trend of the last `goodput_probe_memory_s` seconds would put
-    # EAGLE-3 ahead at the group's load by `goodput_margin`. 0: never (a workload whose accept length rises
-    # again, or a noise dip that moved a quiet group, is then noticed only when the load
-    # falls below the crossover at the frozen reading).
+    # EAGLE-3 ahead at the group's load by `goodput_margin`. 0: never (a workload whose
+    # accept length rises again, or a noise dip that moved a quiet group, is then
+    # noticed only when the load falls below the crossover at the frozen reading).
     goodput_probe_s: float = Field(default=30.0, ge=0)
     # Long enough that the server's reported accept length is the probe's own (SGLang
     # averages it over the last 40 decode steps: 128 tokens are ~40 steps at accept
