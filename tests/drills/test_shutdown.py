@@ -115,6 +115,10 @@ def test_workers_drain_too(router: RouterFactory, sim_group: Callable[..., SimGr
     r = router(backends, extra_args=("--workers", "2"),
                env={"SPECROUTER_REDIS_URL": redis_server.url(),
                     "SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "30"})
+    # /ready answered from one worker; a SIGTERM while the other is still starting ends
+    # that one before its drain handler exists (the test's race, not the product's).
+    wait_until(lambda: r.process.output().count("Application startup complete.") == 2, 20.0,
+               "both workers to start")
     thread, seen = _stream_in_thread(r.url, max_tokens=150)
     proc = r.process.proc
     assert proc is not None
