@@ -117,14 +117,15 @@ class _RequestHead:
     content_length: int | None
     pool_header: str | None
 
-    def upstream_headers(self, backend: Backend) -> RawHeaders:
-        """Headers for one backend: its own API key replaces the client's credentials."""
+    def upstream_headers(self, backend: Backend, request_id: bytes | None = None) -> RawHeaders:
+        """Headers for one backend: its own API key replaces the client's credentials;
+        `request_id` replaces the client's id (a shadow probe carries its own)."""
         headers = list(self.forward)
         if backend.api_key is not None:
             headers.append((b"authorization", b"Bearer " + backend.api_key.encode()))
         elif self.authorization is not None:
             headers.append((b"authorization", self.authorization))
-        headers.append((_REQUEST_ID, self.request_id))
+        headers.append((_REQUEST_ID, request_id if request_id is not None else self.request_id))
         return headers
 
 
@@ -379,9 +380,7 @@ class Proxy:
         if shadow is None:
             return
         # Its own request id, so the engine's logs never mix it up with the client's.
-        headers = [(k, v) for k, v in head.upstream_headers(probe.target.backend)
-                   if k != _REQUEST_ID]
-        headers.append((_REQUEST_ID, head.request_id + b"-probe"))
+        headers = head.upstream_headers(probe.target.backend, head.request_id + b"-probe")
         self.prober.send(probe.target, path, headers, shadow)
 
     async def _attempt(

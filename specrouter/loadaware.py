@@ -264,9 +264,8 @@ class LoadAwareRouter:
         group = self._by_name[name].group
         now = self._clock()
         view = self.view.group_view(group, now, lambda n: self._health.healthy(n, now))
-        model = self._cost_models.get(group)
         self._states[group] = smooth_accept(self._policy.current, view, self._states[group],
-                                            None if model is None else model.nominal_accept_length)
+                                            self._cost_models.get(group))
 
     # -- decisions -------------------------------------------------------------------------
 

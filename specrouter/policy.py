@@ -204,8 +204,7 @@ def decide(
     cost_model: GroupCostModel | None = None,
 ) -> Decision:
     """The pool for one new request in `group`. Store `Decision.state` for the next one."""
-    state = smooth_accept(policy, group, state,
-                          None if cost_model is None else cost_model.nominal_accept_length)
+    state = smooth_accept(policy, group, state, cost_model)
     load = group.load(policy.load_signal)
     eagle_ok, base_ok = group.pool_healthy("eagle"), group.pool_healthy("baseline")
     if not (eagle_ok or base_ok):
@@ -258,17 +257,17 @@ def _overflow(policy: Policy, group: GroupView, state: GroupState, load: float) 
 
 
 def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
-                  prior: float | None = None) -> GroupState:
+                  model: GroupCostModel | None = None) -> GroupState:
     """`state` with the group's newest EAGLE accept-length reading folded into its
     averages: the fast one the decisions use (weight `accept_smoothing`) and the slow
     trend whose peak gates probes (ACCEPT_TREND_WEIGHT).
 
     Each reading counts once, however many decisions see it, and by the requests behind
-    it (`_reading_evidence`). The fast average starts at `prior` (the cost model's
-    nominal accept length) when there is one, so a lone request's first reading, which
-    can be 0.3 off, moves it by its weight instead of replacing it. The router calls
-    this on every telemetry reading too, so the average follows the server at the poll
-    rate rather than at the request rate (a quiet group must not keep a stale average)."""
+    it (`_reading_evidence`). The fast average starts at the cost model's nominal accept
+    length when there is a model, so a lone request's first reading, which can be 0.3
+    off, moves it by its weight instead of replacing it. The router calls this on every
+    telemetry reading too, so the average follows the server at the poll rate rather
+    than at the request rate (a quiet group must not keep a stale average)."""
     accept, seen_at = group.eagle_accept()
     if accept is None or seen_at is None or accept <= 0:
         return state
@@ -285,6 +284,7 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
     fresh_steps = state.accept_ewma is not None and not idle
     keep = _freshness(policy, seen_at - state.accept_folded_at) if fresh_steps else 1.0
     trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence, keep))
+    prior = None if model is None else model.nominal_accept_length
     fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
                 _weight(policy.accept_smoothing, evidence, keep))
     state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend,

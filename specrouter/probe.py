@@ -78,10 +78,6 @@ class ShadowProber:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    @property
-    def running(self) -> int:
-        return len(self._tasks)
-
     async def _run(self, target: Target, path: str, headers: RawHeaders, body: bytes) -> None:
         name = target.backend.name
         self._router.acquire(target)
