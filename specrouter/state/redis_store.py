@@ -13,6 +13,10 @@ Design (details and bounds in docs/state.md):
 - Failure: any Redis error in a background loop marks the store degraded (logged once), loops
   pause, a supervisor reconnects with exponential backoff and, once Redis answers, republishes
   counts, re-seeds the policy if Redis lost it, and refreshes the view before leaving degraded.
+  A reply the store cannot read (a key someone else wrote, or an answer that is not the one
+  asked for) is handled the same way, after dropping every pooled connection: no background
+  loop may die, because a dead refresh loop would freeze the other replicas' counts in this
+  replica's view for good while the store still looks connected.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ return out
 # ARGV[3] updated_by, ARGV[4] audit cap, ARGV[5] channel, ARGV[6] floor (the writer's held
 # version: after Redis restarted empty, versions continue above what replicas hold).
 _CAS_LUA = """
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0') or 0
 local floor = tonumber(ARGV[6])
 if floor > cur then cur = floor end
 local expected = tonumber(ARGV[1])
@@ -105,11 +109,12 @@ redis.call('PUBLISH', ARGV[5], v)
 return {1, tostring(v), now}
 """
 
-# Re-seed after Redis lost the policy (restart empty) or holds an older one.
+# Re-seed after Redis lost the policy (restart empty), holds an older one or one whose version
+# is not a number.
 # KEYS as above; ARGV[1] held version, ARGV[2] doc json, ARGV[3] updated_by, ARGV[4] cap,
 # ARGV[5] channel, ARGV[6] updated_at ('' = now). Writes only if Redis has nothing newer.
 _SEED_LUA = """
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '-1')
+local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '-1') or -1
 local v = tonumber(ARGV[1])
 if v < 1 then v = 1 end
 if cur >= v then return {0, tostring(cur)} end
@@ -126,6 +131,16 @@ redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
 redis.call('PUBLISH', ARGV[5], v)
 return {1, tostring(v), now}
 """
+
+
+def _count_of(value: object) -> int | None:
+    """An integer stored in Redis, or None for anything else (a key someone else wrote)."""
+    if not isinstance(value, str | bytes | int):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 def _password_of(url: str) -> str | None:
@@ -177,6 +192,7 @@ class RedisStore(StateStore):
         self._start_failure_logged = False
         self._down_since: float | None = None
         self._last_error: str | None = None
+        self._warned: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -345,7 +361,9 @@ class RedisStore(StateStore):
             while True:
                 try:
                     await self._resync()
-                except REDIS_ERRORS as exc:
+                except Exception as exc:
+                    if not isinstance(exc, REDIS_ERRORS):
+                        await self._drop_connections(exc)
                     self._note_failure(exc)
                     await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                     delay = min(delay * 2, self.settings.backoff_max_s)
@@ -402,8 +420,11 @@ class RedisStore(StateStore):
                     )
                     if message is not None and message.get("type") == "message":
                         await self._guarded(self._sync_policy)
-            except REDIS_ERRORS as exc:
-                log.debug("state: pub/sub connection lost (%s)", self._describe(exc))
+            except Exception as exc:
+                if isinstance(exc, REDIS_ERRORS):
+                    log.debug("state: pub/sub connection lost (%s)", self._describe(exc))
+                else:
+                    self._log_unexpected(exc)
                 await asyncio.sleep(self.settings.backoff_initial_s)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
@@ -430,8 +451,11 @@ class RedisStore(StateStore):
                 continue  # our own counts come from the exact local counter
             fields = raw[i + 1]
             for j in range(0, len(fields), 2):
-                count = int(fields[j + 1])
-                if count > 0:
+                count = _count_of(fields[j + 1])
+                if count is None:
+                    self._warn_once(f"state: replica {raw[i]!r} published a count for "
+                                    f"{fields[j]!r} that is not an integer; it is ignored")
+                elif count > 0:
                     others[fields[j]] = others.get(fields[j], 0) + count
         self._others = others
         self._others_at = time.monotonic()
@@ -440,19 +464,28 @@ class RedisStore(StateStore):
     async def _reconcile_version(self) -> None:
         stored = await self._client.hget(self._keys.policy, "version")
         held = self._policy.record
-        if stored is None or held is None or int(stored) != held.version:
+        if held is None or _count_of(stored) != held.version:
             await self._sync_policy()
 
     async def _read_policy(self) -> PolicyRecord | None:
         raw = await self._client.hgetall(self._keys.policy)
         if not raw or "doc" not in raw:
             return None
-        return PolicyRecord(
-            doc=json.loads(raw["doc"]),
-            version=int(raw["version"]),
-            updated_at=float(raw.get("updated_at", 0.0)),
-            updated_by=str(raw.get("updated_by", "")),
-        )
+        try:
+            doc = json.loads(raw["doc"])
+            if not isinstance(doc, dict):
+                raise ValueError("the doc is not a JSON object")
+            return PolicyRecord(
+                doc=doc,
+                version=int(raw["version"]),
+                updated_at=float(raw.get("updated_at", 0.0)),
+                updated_by=str(raw.get("updated_by", "")),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            # Not ours to read: treated as no policy, so ours is seeded over it.
+            self._warn_once(f"state: the policy stored at {self._keys.policy} cannot be read "
+                            f"({type(exc).__name__}: {exc}); writing this replica's over it")
+            return None
 
     async def _sync_policy(self) -> None:
         """Converge on the highest version: adopt Redis's if newer, re-seed ours if Redis lost
@@ -491,6 +524,31 @@ class RedisStore(StateStore):
             await self._call(fn)
         except REDIS_ERRORS as exc:
             self._mark_degraded(exc)
+        except Exception as exc:
+            await self._drop_connections(exc)
+            self._mark_degraded(exc)
+
+    async def _drop_connections(self, exc: Exception) -> None:
+        """After a reply we could not read, no pooled connection is trusted: one may still
+        hold the answer to an earlier command, and would hand it to the next one."""
+        self._log_unexpected(exc)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self._op_timeout):
+                await self._client.connection_pool.disconnect()
+
+    def _log_unexpected(self, exc: BaseException) -> None:
+        frame = exc.__traceback__
+        while frame is not None and frame.tb_next is not None:
+            frame = frame.tb_next
+        where = "" if frame is None else (
+            f" at {frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}")
+        log.error("state: unexpected error from redis %s (%s%s); reconnecting",
+                  self.settings.redacted_url, self._describe(exc), where)
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning("%s", message)
 
     def _mark_degraded(self, exc: BaseException) -> None:
         self._note_failure(exc)

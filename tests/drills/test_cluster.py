@@ -31,9 +31,14 @@ async def _load_until(urls: list[str], stop: asyncio.Event, outcomes: list[Outco
 
 
 def _zero_everywhere(c: Cluster) -> None:
-    c.wait_all(lambda r: not any(r.local_inflight().values())
-               and not any(r.cluster_inflight().values()), 15.0,
-               "local and cluster in-flight back to zero on every replica")
+    try:
+        c.wait_all(lambda r: not any(r.local_inflight().values())
+                   and not any(r.cluster_inflight().values()), 15.0,
+                   "local and cluster in-flight back to zero on every replica")
+    except TimeoutError as exc:
+        seen = [(r.local_inflight(), r.cluster_inflight(), r.state(),
+                 r.proc.process.output()[-4000:]) for r in c.replicas]
+        raise AssertionError(f"{exc}: (local, cluster, state, log) per replica: {seen}") from None
 
 
 def test_redis_slow_killed_restarted_empty_under_load_nothing_lost(
