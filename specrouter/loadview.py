@@ -44,6 +44,10 @@ class EngineSample:
     source: str = ""
     max_running: int | None = None
     engine_timestamp: str | None = None
+    # What identifies the engine's snapshot behind this reading (SGLang refreshes what it
+    # reports every few decode steps, the router polls faster): equal keys, same steps.
+    # None: the source cannot tell its snapshots apart.
+    snapshot: tuple[float, ...] | None = None
 
     @property
     def total(self) -> int:
@@ -66,6 +70,7 @@ class BackendView:
     # requests the server was running when it reported that accept length (None: not
     # known, e.g. read from /server_info): how many requests the reading averages over
     accept_batch: int | None = None
+    accept_snapshot: tuple[float, ...] | None = None  # EngineSample.snapshot of the reading
 
     def load(self, signal: LoadSignal) -> float:
         """The load under `signal`; without fresh telemetry every signal is in-flight."""
@@ -113,6 +118,11 @@ class GroupView:
         b = self._freshest_accept()
         return None if b is None else b.accept_batch
 
+    def eagle_accept_snapshot(self) -> tuple[float, ...] | None:
+        """The engine snapshot behind the freshest EAGLE reading (None: not known)."""
+        b = self._freshest_accept()
+        return None if b is None else b.accept_snapshot
+
     def _freshest_accept(self) -> BackendView | None:
         best: BackendView | None = None
         for b in self.servers("eagle"):
@@ -137,6 +147,7 @@ class BackendLoad:
     accept_length: float | None = None
     accept_seen_at: float | None = None
     accept_batch: int | None = None
+    accept_snapshot: tuple[float, ...] | None = None
     stale_reads: int = 0
 
     def engine_load(self, now: float, interval: float) -> float | None:
@@ -215,6 +226,7 @@ class LoadView:
             b.accept_length = sample.accept_length
             b.accept_seen_at = sample.received_at
             b.accept_batch = sample.running
+            b.accept_snapshot = sample.snapshot
 
     def poll_started(self, name: str) -> None:
         """A telemetry poll of `name` is being sent (see `BackendLoad.engine_load`)."""
@@ -227,6 +239,7 @@ class LoadView:
         b.accept_length = accept_length
         b.accept_seen_at = received_at
         b.accept_batch = None
+        b.accept_snapshot = None
 
     def backend_view(self, name: str, now: float, healthy: bool = True) -> BackendView:
         b = self._get(name)
@@ -240,6 +253,7 @@ class LoadView:
             stale=stale, accept_length=b.accept_length if accept_fresh else None,
             accept_seen_at=b.accept_seen_at if accept_fresh else None,
             accept_batch=b.accept_batch if accept_fresh else None,
+            accept_snapshot=b.accept_snapshot if accept_fresh else None,
         )
 
     def group_names(self) -> list[str]:

@@ -52,6 +52,13 @@ ACCEPT_TREND_WEIGHT = 0.1
 # of 0.2: a dip sent a quiet group to the baseline.
 ACCEPT_REFERENCE_BATCH = 4
 ACCEPT_MAX_BATCH = 16
+# SGLang refreshes the snapshot /v1/loads reports every 15 decode steps (and once when
+# the engine goes idle), and its accept length is the mean of the last 40 steps: one
+# snapshot brings 15 new steps, 15/40 of a reading. The router polls faster than that,
+# and a snapshot counted at every poll that saw it made the fast average follow one
+# window of one request (seed-coding c=1: a single 40-step window read 1.6 against a mean
+# of 2.0 and sent a quiet group to the baseline, 0.906x).
+ACCEPT_SNAPSHOT_NEW_STEPS = 15 / 40
 # Reference readings the trend must hold before its peak counts (about 1 / its weight).
 ACCEPT_PEAK_MIN_EVIDENCE = 10.0
 
@@ -170,7 +177,9 @@ class GroupState:
     # the slow accept trend, its highest value within the probe memory and when that was
     accept_trend: float | None = None
     accept_evidence: float = 0.0  # reference readings folded in so far
-    accept_idle_folded: bool = False  # the idle server's snapshot is already in
+    # the engine snapshot last folded in (EngineSample.snapshot; for a source that has
+    # none, the idle server's accept length)
+    accept_last_snapshot: tuple[float, ...] | None = None
     accept_folded_at: float = float("-inf")  # reading time of the last reading folded in
     accept_peak: float | None = None
     accept_peak_at: float = float("-inf")
@@ -262,12 +271,13 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
     averages: the fast one the decisions use (weight `accept_smoothing`) and the slow
     trend whose peak gates probes (ACCEPT_TREND_WEIGHT).
 
-    Each reading counts once, however many decisions see it, and by the requests behind
-    it (`_reading_evidence`). The fast average starts at the cost model's nominal accept
-    length when there is a model, so a lone request's first reading, which can be 0.3
-    off, moves it by its weight instead of replacing it. The router calls this on every
-    telemetry reading too, so the average follows the server at the poll rate rather
-    than at the request rate (a quiet group must not keep a stale average)."""
+    Each engine snapshot counts once, however many polls and decisions see it, and by
+    the new steps and requests behind it (`_reading_evidence`). The fast average starts
+    at the cost model's nominal accept length when there is a model, so a lone request's
+    first reading, which can be 0.3 off, moves it by its weight instead of replacing it.
+    The router calls this on every telemetry reading too, so the average follows the
+    server at the poll rate rather than at the request rate (a quiet group must not keep
+    a stale average)."""
     accept, seen_at = group.eagle_accept()
     if accept is None or seen_at is None or accept <= 0:
         return state
@@ -275,11 +285,13 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
         return state  # this reading is already in the average
     batch = group.eagle_accept_batch()
     idle = batch is not None and batch <= 0
-    if idle and state.accept_idle_folded:
-        # An idle server repeats its last snapshot at every poll: folding it again and
-        # again would let one request's noisy last steps take over the average.
+    known = group.eagle_accept_snapshot()
+    snapshot = known if known is not None else (accept,) if idle else None
+    if snapshot is not None and snapshot == state.accept_last_snapshot:
+        # The engine has not refreshed its snapshot since: the same steps again (an idle
+        # server repeats its last one at every poll, for as long as it stays idle).
         return replace(state, accept_seen_at=seen_at)
-    evidence = _reading_evidence(batch)
+    evidence = _reading_evidence(batch) * (ACCEPT_SNAPSHOT_NEW_STEPS if known else 1.0)
     # Only new steps outweigh a stale average: an idle server's snapshot holds old ones.
     fresh_steps = state.accept_ewma is not None and not idle
     keep = _freshness(policy, seen_at - state.accept_folded_at) if fresh_steps else 1.0
@@ -288,8 +300,8 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
     fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
                 _weight(policy.accept_smoothing, evidence, keep))
     state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend,
-                    accept_evidence=state.accept_evidence + evidence, accept_idle_folded=idle,
-                    accept_folded_at=seen_at)
+                    accept_evidence=state.accept_evidence + evidence,
+                    accept_last_snapshot=snapshot, accept_folded_at=seen_at)
     if state.accept_evidence < ACCEPT_PEAK_MIN_EVIDENCE:
         return state  # the trend is still mostly its first readings: no peak to trust
     if (state.accept_peak is None or trend >= state.accept_peak
@@ -303,7 +315,8 @@ def _reading_evidence(batch: int | None) -> float:
     square root of the requests it averages (one request: ~0.16 over 40 steps), so a
     reading of `batch` requests counts batch / ACCEPT_REFERENCE_BATCH times, up to a
     cap; an idle server's (its last steps, which the last request ran) like one
-    request's, once; one without a request count (/server_info) is worth one."""
+    request's, once; one without a request count (/server_info) is worth one. A reading
+    whose engine snapshot is known also counts only its new steps (`smooth_accept`)."""
     if batch is None:
         return 1.0
     return min(max(batch, 1), ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH

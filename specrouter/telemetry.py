@@ -62,11 +62,13 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
     running = waiting = 0
     max_running: int | None = None
     accepts: list[float] = []
+    snapshots: list[tuple[float, ...] | None] = []
     for i, load in enumerate(payload["loads"]):
         if not isinstance(load, dict):
             raise TelemetryParseError(f"/v1/loads: loads[{i}] is not an object")
         running += _int(load, "num_running_reqs", f"/v1/loads loads[{i}]")
         waiting += _int(load, "num_waiting_reqs", f"/v1/loads loads[{i}]")
+        snapshots.append(_snapshot_of(load))
         if isinstance(load.get("max_running_requests"), int):
             max_running = (max_running or 0) + load["max_running_requests"]
         spec = load.get("speculative")
@@ -74,7 +76,29 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
             accepts.append(float(spec["accept_length"]))
     ts = payload.get("timestamp")
     return EngineSample(running, waiting, received_at, _accept_mean(accepts), "v1_loads",
-                        max_running, ts if isinstance(ts, str) else None)
+                        max_running, ts if isinstance(ts, str) else None,
+                        _joined(snapshots))
+
+
+#: Fields of a /v1/loads entry that SGLang freezes between two refreshes of its load
+#: snapshot; the KV tokens in use move with every decode step, so a new snapshot differs.
+_SNAPSHOT_FIELDS = ("num_running_reqs", "num_used_tokens", "gen_throughput")
+
+
+def _snapshot_of(load: dict[str, Any]) -> tuple[float, ...] | None:
+    spec = load.get("speculative")
+    values = [*(load.get(k) for k in _SNAPSHOT_FIELDS),
+              spec.get("accept_length") if isinstance(spec, dict) else None]
+    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    return tuple(numbers) if len(numbers) == len(values) else None
+
+
+def _joined(snapshots: list[tuple[float, ...] | None]) -> tuple[float, ...] | None:
+    """One key over the DP ranks; None if a rank has none (an older server: every
+    reading then counts)."""
+    if not snapshots or any(s is None for s in snapshots):
+        return None
+    return tuple(v for s in snapshots if s is not None for v in s)
 
 
 def parse_get_load(payload: Any, received_at: float) -> EngineSample:

@@ -18,6 +18,7 @@ from specrouter.loadview import EngineSample
 from specrouter.policy import Policy
 from specrouter.policyholder import LocalPolicyHolder
 from specrouter.router import Backend, RequestInfo, Target
+from specrouter.telemetry import parse_v1_loads
 
 EAGLE, BASE = "g0-e", "g0-b"
 GROUP = [Backend(EAGLE, "http://h:1", "eagle", "g0"), Backend(BASE, "http://h:2", "baseline", "g0")]
@@ -216,6 +217,51 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     poll(router, clock, 1, 0, 2.0)  # busy again: its readings count
     again = router.group_states()["g0"].accept_ewma
     assert once is not None and again is not None and again < once
+
+
+def poll_loads(router: LoadAwareRouter, clock: Clock, running: int, kv_tokens: int,
+               accept: float) -> None:
+    """One poll of the EAGLE server's /v1/loads as SGLang answers it: the snapshot it
+    last refreshed (the KV tokens in use move with every decode step)."""
+    assert router.poller is not None
+    clock.now += 0.1
+    load = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
+            "num_used_tokens": kv_tokens, "gen_throughput": 120.0,
+            "speculative": {"accept_length": accept, "accept_rate": 0.5}}
+    router.poller.publish(EAGLE, parse_v1_loads({"loads": [load]}, clock.now))
+
+
+def test_an_engine_snapshot_counts_once_and_only_for_its_new_steps() -> None:
+    # SGLang refreshes /v1/loads every 15 decode steps and averages the accept length
+    # over the last 40: polled ten times, one snapshot is still 15 new steps.
+    router, clock = make(goodput_probe_s=0)
+    poll_loads(router, clock, 4, 5000, 3.0)
+    before = router.group_states()["g0"].accept_ewma
+    poll_loads(router, clock, 4, 5060, 2.0)
+    after = router.group_states()["g0"].accept_ewma
+    assert before is not None and after is not None
+    assert (before - after) / (before - 2.0) == pytest.approx(1 - 0.7 ** (15 / 40))
+    for _ in range(10):
+        poll_loads(router, clock, 4, 5060, 2.0)
+    assert router.group_states()["g0"].accept_ewma == after
+    # A new snapshot with the same accept length is new steps: it counts (a workload
+    # whose every draft is accepted reads the same value in every snapshot).
+    poll_loads(router, clock, 4, 5120, 2.0)
+    again = router.group_states()["g0"].accept_ewma
+    assert again is not None and again < after
+
+
+def test_a_lone_requests_unlucky_window_barely_moves_the_average() -> None:
+    # The seed-coding c=1 failure: one request's 40-step window read 1.6 (mean 2.0).
+    # Polled at every 0.1 s, each snapshot of it used to count, and the average
+    # followed that one window to the baseline.
+    router, clock = make(goodput_probe_s=0)
+    for i in range(40):
+        poll_loads(router, clock, 1, 1000 + 15 * (i // 3), 2.0 if i < 30 else 1.6)
+    # Four snapshots of the window (every one polled three times) move it 0.05, not 0.24;
+    # at seed-coding load 1 the baseline needs it below 1.74.
+    state = router.group_states()["g0"]
+    assert state.accept_ewma is not None and state.accept_ewma > 1.9
 
 
 def test_a_probe_reading_after_a_quiet_period_outweighs_the_stale_average() -> None:

@@ -43,6 +43,8 @@ def test_v1_loads_sums_ranks_and_reads_accept_length() -> None:
     assert (s.running, s.waiting, s.total, s.source) == (8, 2, 10, "v1_loads")
     assert s.accept_length == pytest.approx(3.0) and s.max_running == 96
     assert s.received_at == 7.0 and s.engine_timestamp == payload["timestamp"]
+    # The snapshot's identity: what SGLang freezes between refreshes, over every rank.
+    assert s.snapshot == (5.0, 4096.0, 812.5, 3.2, 3.0, 4096.0, 812.5, 2.8)
 
 
 def test_v1_loads_without_spec_section_and_0_5_23_shape() -> None:
@@ -50,6 +52,7 @@ def test_v1_loads_without_spec_section_and_0_5_23_shape() -> None:
                "loads": [v1_loads_rank(0, 1, 0, None)]}  # no aggregate in 0.5.23
     s = parse_v1_loads(payload, 0.0)
     assert (s.running, s.waiting, s.accept_length) == (1, 0, None)
+    assert s.snapshot is None  # nothing to tell an accept-length reading by
 
 
 def test_get_load_num_reqs_includes_waiting() -> None:
