@@ -59,6 +59,11 @@ ACCEPT_MAX_BATCH = 16
 # window of one request (seed-coding c=1: a single 40-step window read 1.6 against a mean
 # of 2.0 and sent a quiet group to the baseline, 0.906x).
 ACCEPT_SNAPSHOT_NEW_STEPS = 15 / 40
+# Snapshots it takes to renew the whole 40-step window after a quiet period: the first
+# one of a request (prefill: no decode step yet), then one every 15 steps. Until then a
+# snapshot still holds steps from before the gap, so the stale average keeps only its
+# decayed weight against each of them, not just against the first.
+ACCEPT_RENEW_SNAPSHOTS = 4
 # Reference readings the trend must hold before its peak counts (about 1 / its weight).
 ACCEPT_PEAK_MIN_EVIDENCE = 10.0
 
@@ -181,6 +186,10 @@ class GroupState:
     # none, the idle server's accept length)
     accept_last_snapshot: tuple[float, ...] | None = None
     accept_folded_at: float = float("-inf")  # reading time of the last reading folded in
+    # after a quiet period: snapshots still to fold against the decayed average, and the
+    # time of the last reading before the gap
+    accept_renew_left: int = 0
+    accept_renew_from: float = float("-inf")
     accept_peak: float | None = None
     accept_peak_at: float = float("-inf")
 
@@ -295,13 +304,20 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
     # Only new steps outweigh a stale average: an idle server's snapshot holds old ones.
     fresh_steps = state.accept_ewma is not None and not idle
     keep = _freshness(policy, seen_at - state.accept_folded_at) if fresh_steps else 1.0
+    renew_left, renew_from = state.accept_renew_left, state.accept_renew_from
+    if known is not None and state.accept_ewma is not None:
+        if renew_left == 0 and fresh_steps and keep < 0.5:
+            renew_left, renew_from = ACCEPT_RENEW_SNAPSHOTS, state.accept_folded_at
+        if renew_left > 0:  # an idle snapshot now holds the renewed steps too
+            keep, renew_left = _freshness(policy, seen_at - renew_from), renew_left - 1
     trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence, keep))
     prior = None if model is None else model.nominal_accept_length
     fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
                 _weight(policy.accept_smoothing, evidence, keep))
     state = replace(state, accept_ewma=fast, accept_seen_at=seen_at, accept_trend=trend,
                     accept_evidence=state.accept_evidence + evidence,
-                    accept_last_snapshot=snapshot, accept_folded_at=seen_at)
+                    accept_last_snapshot=snapshot, accept_folded_at=seen_at,
+                    accept_renew_left=renew_left, accept_renew_from=renew_from)
     if state.accept_evidence < ACCEPT_PEAK_MIN_EVIDENCE:
         return state  # the trend is still mostly its first readings: no peak to trust
     if (state.accept_peak is None or trend >= state.accept_peak

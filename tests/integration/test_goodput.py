@@ -206,12 +206,14 @@ def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_bas
     async def scenario() -> None:
         async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
             on_eagle = {"x-specrouter-pool": "eagle"}
-            # Long enough that the router has seen the 3.5 well (its trend's peak needs
-            # ~10 readings' worth of evidence, one request's readings count 1/4).
+            # Long enough that the router has seen the 3.5 well: its trend's peak needs
+            # ~10 readings' worth of evidence, and one engine snapshot of 4 requests
+            # counts 15/40 of one (~38 snapshots in 2000 tokens at 3.5).
             for accept, tokens in ((3.5, 2000), (1.6, 800)):
                 sim.control("eagle", accept_length=accept)
-                await client.post(f"{proc.v1}/chat/completions", json=chat(tokens),
-                                  headers=on_eagle)
+                await asyncio.gather(*(client.post(
+                    f"{proc.v1}/chat/completions", json=chat(tokens), headers=on_eagle)
+                    for _ in range(4)))
             await _until(client, proc.url, "the accept average to fall",
                          lambda g: g["accept_length"] is not None and g["accept_length"] < 2.2)
             before = sim.state("eagle")

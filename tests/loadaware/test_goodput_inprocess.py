@@ -231,6 +231,12 @@ def poll_loads(router: LoadAwareRouter, clock: Clock, running: int, kv_tokens: i
     router.poller.publish(EAGLE, parse_v1_loads({"loads": [load]}, clock.now))
 
 
+def poll_base(router: LoadAwareRouter, clock: Clock, running: int) -> None:
+    """The baseline server's half of the same telemetry round (no accept length)."""
+    assert router.poller is not None
+    router.poller.publish(BASE, EngineSample(running, 0, clock.now))
+
+
 def test_an_engine_snapshot_counts_once_and_only_for_its_new_steps() -> None:
     # SGLang refreshes /v1/loads every 15 decode steps and averages the accept length
     # over the last 40: polled ten times, one snapshot is still 15 new steps.
@@ -310,3 +316,30 @@ def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
     assert sum(t.probe is not None for t in asyncio.run(burst(primed(0.0)))) == 1
     assert all(t.pool == "baseline" and t.probe is None
                for t in asyncio.run(burst(primed(0.01))))
+
+
+def test_a_probe_wins_a_group_back_although_its_first_snapshots_hold_old_steps() -> None:
+    # The accept-shift trace's last phase: the average is 1.6 and stale, the probe runs at
+    # accept 3.0, but its first snapshot (prefill) still reads the old window and the
+    # next ones mix old and new steps. Only the decayed average against all of them lets
+    # the probe win the group back (before: 1.70 after the probe, still the baseline).
+    router, clock = make(goodput_probe_s=3.0)
+    kv = 1000
+    for accept in [3.0] * 100 + [1.6] * 100:
+        kv += 50
+        poll_loads(router, clock, 24, kv, accept)
+        poll_base(router, clock, 0)
+    for _ in range(LOAD):
+        router.acquire(Target("g0", "baseline", GROUP[1], "held"))
+    assert router.choose(CHAT).pool == "baseline"
+    for _ in range(60):
+        poll_loads(router, clock, 0, kv, 1.6)
+        poll_base(router, clock, LOAD)
+    assert router.choose(CHAT).probe is not None
+    for running, accept in ((1, 1.6), (1, 2.1), (1, 2.65), (0, 3.1)):
+        kv += 15
+        poll_loads(router, clock, running, kv, accept)
+        poll_base(router, clock, LOAD)
+    state = router.group_states()["g0"]
+    assert state.accept_ewma is not None and state.accept_ewma > 2.9
+    assert router.choose(CHAT).pool == "eagle"
