@@ -300,16 +300,8 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
         # The engine has not refreshed its snapshot since: the same steps again (an idle
         # server repeats its last one at every poll, for as long as it stays idle).
         return replace(state, accept_seen_at=seen_at)
-    evidence = _reading_evidence(batch) * (ACCEPT_SNAPSHOT_NEW_STEPS if known else 1.0)
-    # Only new steps outweigh a stale average: an idle server's snapshot holds old ones.
-    fresh_steps = state.accept_ewma is not None and not idle
-    keep = _freshness(policy, seen_at - state.accept_folded_at) if fresh_steps else 1.0
-    renew_left, renew_from = state.accept_renew_left, state.accept_renew_from
-    if known is not None and state.accept_ewma is not None:
-        if renew_left == 0 and fresh_steps and keep < 0.5:
-            renew_left, renew_from = ACCEPT_RENEW_SNAPSHOTS, state.accept_folded_at
-        if renew_left > 0:  # an idle snapshot now holds the renewed steps too
-            keep, renew_left = _freshness(policy, seen_at - renew_from), renew_left - 1
+    evidence = _reading_evidence(batch, whole_snapshot=known is not None)
+    keep, renew_left, renew_from = _kept_weight(policy, state, seen_at, idle, known is not None)
     trend = ewma(state.accept_trend, accept, _weight(ACCEPT_TREND_WEIGHT, evidence, keep))
     prior = None if model is None else model.nominal_accept_length
     fast = ewma(state.accept_ewma if state.accept_ewma is not None else prior, accept,
@@ -326,16 +318,36 @@ def smooth_accept(policy: Policy, group: GroupView, state: GroupState,
     return state
 
 
-def _reading_evidence(batch: int | None) -> float:
+def _kept_weight(policy: Policy, state: GroupState, seen_at: float, idle: bool,
+                 whole_snapshot: bool) -> tuple[float, int, float]:
+    """(keep, renew_left, renew_from): how much of its weight the average keeps against
+    this reading (`_freshness`), and the renewal after a quiet period
+    (ACCEPT_RENEW_SNAPSHOTS) it is in."""
+    # Only new steps outweigh a stale average: an idle server's snapshot holds old ones.
+    fresh_steps = state.accept_ewma is not None and not idle
+    keep = _freshness(policy, seen_at - state.accept_folded_at) if fresh_steps else 1.0
+    renew_left, renew_from = state.accept_renew_left, state.accept_renew_from
+    if not whole_snapshot or state.accept_ewma is None:
+        return keep, renew_left, renew_from
+    if renew_left == 0 and fresh_steps and keep < 0.5:
+        renew_left, renew_from = ACCEPT_RENEW_SNAPSHOTS, state.accept_folded_at
+    if renew_left > 0:  # an idle snapshot now holds the renewed steps too
+        return _freshness(policy, seen_at - renew_from), renew_left - 1, renew_from
+    return keep, renew_left, renew_from
+
+
+def _reading_evidence(batch: int | None, whole_snapshot: bool = False) -> float:
     """How many reference readings one reading is worth. Its scatter falls as the
     square root of the requests it averages (one request: ~0.16 over 40 steps), so a
     reading of `batch` requests counts batch / ACCEPT_REFERENCE_BATCH times, up to a
     cap; an idle server's (its last steps, which the last request ran) like one
-    request's, once; one without a request count (/server_info) is worth one. A reading
-    whose engine snapshot is known also counts only its new steps (`smooth_accept`)."""
+    request's, once; one without a request count (/server_info) is worth one. A whole
+    engine snapshot (its identity known) counts only its new steps
+    (ACCEPT_SNAPSHOT_NEW_STEPS)."""
+    new_steps = ACCEPT_SNAPSHOT_NEW_STEPS if whole_snapshot else 1.0
     if batch is None:
-        return 1.0
-    return min(max(batch, 1), ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH
+        return new_steps
+    return new_steps * min(max(batch, 1), ACCEPT_MAX_BATCH) / ACCEPT_REFERENCE_BATCH
 
 
 def _weight(alpha: float, evidence: float, keep: float = 1.0) -> float:

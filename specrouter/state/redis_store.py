@@ -27,6 +27,7 @@ import json
 import logging
 import random
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from typing import Any, TypeVar
@@ -362,8 +363,7 @@ class RedisStore(StateStore):
                 try:
                     await self._resync()
                 except Exception as exc:
-                    if not isinstance(exc, REDIS_ERRORS):
-                        await self._drop_connections(exc)
+                    await self._distrust_connections_after(exc)
                     self._note_failure(exc)
                     await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                     delay = min(delay * 2, self.settings.backoff_max_s)
@@ -522,26 +522,24 @@ class RedisStore(StateStore):
     async def _guarded(self, fn: Callable[[], Awaitable[None]]) -> None:
         try:
             await self._call(fn)
-        except REDIS_ERRORS as exc:
-            self._mark_degraded(exc)
         except Exception as exc:
-            await self._drop_connections(exc)
+            await self._distrust_connections_after(exc)
             self._mark_degraded(exc)
 
-    async def _drop_connections(self, exc: Exception) -> None:
-        """After a reply we could not read, no pooled connection is trusted: one may still
-        hold the answer to an earlier command, and would hand it to the next one."""
+    async def _distrust_connections_after(self, exc: Exception) -> None:
+        """After a reply we could not read (anything but a Redis error), no pooled
+        connection is trusted: one may still hold the answer to an earlier command, and
+        would hand it to the next one."""
+        if isinstance(exc, REDIS_ERRORS):
+            return
         self._log_unexpected(exc)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self._op_timeout):
                 await self._client.connection_pool.disconnect()
 
     def _log_unexpected(self, exc: BaseException) -> None:
-        frame = exc.__traceback__
-        while frame is not None and frame.tb_next is not None:
-            frame = frame.tb_next
-        where = "" if frame is None else (
-            f" at {frame.tb_frame.f_code.co_filename}:{frame.tb_lineno}")
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         log.error("state: unexpected error from redis %s (%s%s); reconnecting",
                   self.settings.redacted_url, self._describe(exc), where)
 
