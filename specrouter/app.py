@@ -10,9 +10,11 @@ Lifecycle of one proxied request:
   read body (413 over the limit) -> peek (400 if not JSON) -> router.choose ->
   router.acquire -> upstream.open -> relay -> router.release (always, in `finally`).
 A connection failure or a 502/503 before any byte reached the client is retried once
-on another backend. While the exchange runs, a watcher task waits for the client to
-disconnect and cancels it, which closes the upstream connection so SGLang aborts the
-request and frees its batch slot.
+on another backend. A stream the router marked recallable (`Target.recall`) holds its
+response head until the first byte: if the router recalls it first, the upstream request
+is closed and the request is routed again. While the exchange runs, a watcher task waits
+for the client to disconnect and cancels it, which closes the upstream connection so
+SGLang aborts the request and frees its batch slot.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import enum
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.applications import Starlette
@@ -58,6 +60,7 @@ from specrouter.router import (
 )
 
 log = logging.getLogger("specrouter.proxy")
+_T = TypeVar("_T")
 
 _HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
@@ -88,6 +91,10 @@ class _Peek(BaseModel):
 
 class _ClientGone(Exception):
     """The client disconnected before its request body was complete."""
+
+
+class _Recalled(Exception):
+    """The router recalled this attempt before its first byte: route the request again."""
 
 
 class _Retry(Exception):
@@ -372,6 +379,10 @@ class Proxy:
             except _Retry as retry:
                 tried, failed = tried | {target.backend.name}, retry
                 log.info("request %s: retrying after %s", head.request_id.decode(), retry.message)
+            except _Recalled:
+                info = replace(info, recalled=True)
+                log.info("request %s: recalled from %s before its first byte",
+                         head.request_id.decode(), target.backend.name)
             finally:
                 self.router.release(target)
 
@@ -389,9 +400,9 @@ class Proxy:
     ) -> None:
         name = target.backend.name
         try:
-            response = await self.upstreams[name].open(
+            response = await _unless_recalled(self.upstreams[name].open(
                 method, path, head.upstream_headers(target.backend), body, stream=stream
-            )
+            ), target.recall)
         except UpstreamUnreachable as exc:
             self.router.record_outcome(name, False, str(exc))
             message = f"backend {name} unreachable: {exc}"
@@ -441,16 +452,21 @@ class Proxy:
         watch: _Watch,
     ) -> str | None:
         """Pass SSE chunks through as they arrive; end a broken stream with an error event.
-        Returns what went wrong upstream, if anything."""
+        Returns what went wrong upstream, if anything. A recallable stream sends its head
+        with its first byte, and raises _Recalled if the router recalls it before that."""
         headers = _response_headers(response.headers, target, head.request_id)
-        await send({"type": "http.response.start", "status": response.status, "headers": headers})
+        start = {"type": "http.response.start", "status": response.status, "headers": headers}
+        started = target.recall is None
+        if started:
+            await send(start)
         tail = b""
         error: str | None = None
         code = 502
         try:
-            async for chunk in response.iter_raw():
-                if not chunk:
-                    continue
+            async for chunk in _recallable_chunks(response, target.recall):
+                if not started:
+                    await send(start)
+                    started = True
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 tail = chunk[-_TAIL:] if len(chunk) >= _TAIL else (tail + chunk)[-_TAIL:]
         except UpstreamTimeout as exc:
@@ -462,6 +478,8 @@ class Proxy:
                 error = "backend closed the stream before [DONE]"
         trailer = b"" if error is None else _stream_error_trailer(target, tail, error, code)
         watch.finished = True
+        if not started:
+            await send(start)
         await send({"type": "http.response.body", "body": trailer, "more_body": False})
         return error
 
@@ -489,6 +507,49 @@ class Proxy:
         await send({"type": "http.response.start", "status": response.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
         return None
+
+
+async def _recallable_chunks(response: UpstreamResponse, recall: asyncio.Event | None
+                             ) -> AsyncIterator[bytes]:
+    """The response's non-empty chunks; until the first one, a recall of the request
+    raises _Recalled instead."""
+    chunks = response.iter_raw()
+    if recall is not None:
+        first = await _unless_recalled(_first_chunk(chunks), recall)
+        if first is None:
+            return
+        yield first
+    async for chunk in chunks:
+        if chunk:
+            yield chunk
+
+
+async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
+    async for chunk in chunks:
+        if chunk:
+            return chunk
+    return None
+
+
+async def _unless_recalled(work: Awaitable[_T], recall: asyncio.Event | None) -> _T:
+    """`await work`, unless `recall` is set first: then `work` is cancelled (closing its
+    upstream connection, so SGLang aborts the request) and _Recalled is raised. A result
+    that is ready when the recall comes wins: the request has started."""
+    if recall is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    recalled = asyncio.ensure_future(recall.wait())
+    try:
+        await asyncio.wait((task, recalled), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+    finally:
+        recalled.cancel()
+        if not task.done():  # recalled, or this request was cancelled (client gone)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    raise _Recalled
 
 
 def _stream_error_trailer(target: Target, tail: bytes, message: str, code: int) -> bytes:

@@ -66,7 +66,8 @@ def build_product(
         load_aware = LoadAwareRouter(
             backends, holder, health, settings.telemetry, metrics, models,
             arrival_window_s=settings.admission.arrival_window_ms / 1000.0, state=state,
-            arrival_max_wait_s=settings.admission.arrival_max_wait_ms / 1000.0)
+            arrival_max_wait_s=settings.admission.arrival_max_wait_ms / 1000.0,
+            recall_unstarted=settings.admission.recall_unstarted)
         admin = AdminApi(holder, load_aware.live_view, settings.admin_token,
                          settings.admin_max_body_bytes)
         extra = [*admin.routes(), *extra]

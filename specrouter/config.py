@@ -198,10 +198,19 @@ class AdmissionSettings(_Section):
     meanwhile count as load; a burst still arriving at the cap counts twice. Only the
     EAGLE-3 regime pays it (one window at low load, a few ms on generations of seconds);
     0 turns it off.
+
+    A burst spread wider than the window still leaks requests to EAGLE-3. With
+    `recall_unstarted`, when a group switches to the baseline (threshold and goodput
+    strategies), its EAGLE-3 streams that have not sent their first byte yet are
+    cancelled there (SGLang aborts a request whose client left) and sent to the baseline
+    pool: no byte has reached the client, so the move is as invisible as a retry.
+    Streams only: a non-streamed answer arrives whole at the end, so the router cannot
+    tell a queued request from one that has decoded for a minute.
     """
 
     arrival_window_ms: float = Field(default=2.0, ge=0, le=1000)
     arrival_max_wait_ms: float = Field(default=16.0, ge=0, le=10000)
+    recall_unstarted: bool = True
 
 
 class Settings(BaseSettings):

@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 
 _ARRIVING = "(arriving)"
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+# EAGLE-3 decisions that a switch of the group to the baseline does not undo: the client
+# asked for EAGLE-3, or the group has no baseline server to move to.
+_KEEPS_EAGLE = frozenset({"client_override", "baseline_unhealthy"})
 
 
 class InvalidPoolHeader(RouterError):
@@ -74,6 +77,7 @@ class LoadAwareRouter:
         arrival_window_s: float = 0.0,
         state: ClusterState | None = None,
         arrival_max_wait_s: float = 0.016,
+        recall_unstarted: bool = False,
     ) -> None:
         self._backends = tuple(backends)
         # Cluster mode (issue 5): loads read every replica's in-flight counts from the
@@ -85,6 +89,11 @@ class LoadAwareRouter:
         self._arriving = 0  # requests inside `settle`, not yet decided
         self._arrivals = 0  # generation requests seen by `settle`, ever
         self._last_arrival = float("-inf")  # event-loop time of the latest generation request
+        # Recall (AdmissionSettings.recall_unstarted): per group, the recall events of its
+        # EAGLE-3 streams admitted and not yet released, by id(target). The proxy stops
+        # watching an event once the stream's first byte arrived, so one set later is moot.
+        self._recall_unstarted = recall_unstarted
+        self._recallable: dict[str, dict[int, asyncio.Event]] = {}
         self._by_name = {b.name: b for b in self._backends}
         self._policy = policy
         self._health = health
@@ -203,19 +212,25 @@ class LoadAwareRouter:
         if request.pool is not None:
             target = self._route_pool(groups, request.pool, policy.load_signal)
         else:
-            target = self._decide(groups, policy, self._hints(policy, request), now)
+            target = self._decide(groups, policy, request, now)
         self._health.allow_request(target.backend.name, now)  # claims a half-open probe
         if self._metrics is not None:
             self._metrics.observe_decision(target.pool, target.reason)
+            if request.recalled:
+                self._metrics.observe_recall(target.group)
         return target
 
     def acquire(self, target: Target) -> None:
         self.view.acquire(target.backend.name)
+        if target.recall is not None:
+            self._recallable.setdefault(target.group, {})[id(target)] = target.recall
         if self._cluster is not None:
             self._leases[id(target)] = self._cluster.store.acquire(target.backend.name)
 
     def release(self, target: Target) -> None:
         self.view.release(target.backend.name)
+        if target.recall is not None:
+            self._recallable.get(target.group, {}).pop(id(target), None)
         if self._cluster is not None:
             lease = self._leases.pop(id(target), None)
             if lease is not None:
@@ -300,14 +315,20 @@ class LoadAwareRouter:
             raise InvalidPoolHeader(str(exc)) from None
 
     def _decide(
-        self, groups: tuple[GroupView, ...], policy: Policy, hints: Hints, now: float
+        self, groups: tuple[GroupView, ...], policy: Policy, request: RequestInfo, now: float
     ) -> Target:
         group = choose_group(groups, policy.load_signal, self._rng)
         if group is None:
             raise NoBackendAvailable("no healthy backend in any GPU group")
-        decision = decide(policy, group, self._states[group.name], hints, now,
-                          self._cost_models.get(group.name))
+        decision = decide(policy, group, self._states[group.name], self._hints(policy, request),
+                          now, self._cost_models.get(group.name))
+        recalls = self._recalls(policy)
+        if (recalls and self._states[group.name].pool == "eagle"
+                and decision.state.pool == "baseline"):
+            self._recall(group.name)
         self._states[group.name] = decision.state
+        recall = (asyncio.Event() if recalls and decision.pool == "eagle" and request.stream
+                  and not request.recalled and decision.reason not in _KEEPS_EAGLE else None)
         backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal)
         probe = None
         if decision.probe:
@@ -316,7 +337,21 @@ class LoadAwareRouter:
                           policy.goodput_probe_tokens)
             if self._metrics is not None:
                 self._metrics.observe_probe(server.name)
-        return Target(group.name, decision.pool, backend, decision.reason, probe)
+        return Target(group.name, decision.pool, backend, decision.reason, probe, recall)
+
+    def _recalls(self, policy: Policy) -> bool:
+        """Whether EAGLE-3 streams are recalled when their group switches to the baseline:
+        only where the strategy switches a whole group (threshold, goodput). Under
+        `overflow` the EAGLE-3 requests already admitted are within its cap and stay."""
+        return (self._recall_unstarted and policy.mode == "auto"
+                and policy.strategy in ("threshold", "goodput"))
+
+    def _recall(self, group: str) -> None:
+        """The group switched to the baseline: its EAGLE-3 streams still waiting for their
+        first byte leave for the baseline too, as they would go if they arrived now (the
+        tail of a burst spread wider than the arrival window)."""
+        for event in self._recallable.pop(group, {}).values():
+            event.set()
 
     def _route_pool(
         self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal

@@ -128,6 +128,9 @@ class RouterMetrics:
                                        ["backend"], registry=r)
         self.probes = Counter(f"{PREFIX}_probes", "Shadow accept-length probes sent, by backend",
                               ["backend"], registry=r)
+        self.recalls = Counter(f"{PREFIX}_recalls",
+                               "EAGLE-3 streams recalled before their first byte and sent "
+                               "to the baseline pool, by group", ["group"], registry=r)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
                               "Time to the first streamed byte of a response, per pool",
                               ["pool"], buckets=LATENCY_BUCKETS, registry=r)
@@ -156,6 +159,9 @@ class RouterMetrics:
 
     def observe_probe(self, backend: str) -> None:
         self._child(self.probes, backend).inc()
+
+    def observe_recall(self, group: str) -> None:
+        self._child(self.recalls, group).inc()
 
     def observe_upstream_error(self, backend: str) -> None:
         self._child(self.upstream_errors, backend).inc()

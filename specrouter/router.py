@@ -14,6 +14,7 @@ what makes retry-on-another-backend land somewhere useful.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,9 @@ class RequestInfo:
     # requests of a burst still arriving that the decision should count (the router's
     # `settle` says how many)
     burst_ahead: int = 0
+    # the request was recalled from EAGLE-3 before its first byte (`Target.recall`): its
+    # next target is final
+    recalled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,10 @@ class Target:
     backend: Backend
     reason: str
     probe: Probe | None = None  # a shadow probe to send alongside this request
+    # Set by the router when the request should leave this backend for another pool if
+    # it has not sent its first byte yet (the group switched pools meanwhile): the proxy
+    # then closes the upstream request and asks `choose` again with `recalled=True`.
+    recall: asyncio.Event | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ class Clock:
 
 
 def make(backends: list[Backend], window_s: float = 0.0, max_wait_s: float = 0.016,
-         **policy: object) -> tuple[LoadAwareRouter, Clock]:
+         recall: bool = False, **policy: object) -> tuple[LoadAwareRouter, Clock]:
     clock = Clock()
     health = HealthChecker(backends, HealthSettings(enabled=False),
                            BreakerConfig(failure_threshold=2, cooldown_s=5.0,
@@ -41,7 +41,7 @@ def make(backends: list[Backend], window_s: float = 0.0, max_wait_s: float = 0.0
     holder = LocalPolicyHolder(Policy.model_validate(policy))
     router = LoadAwareRouter(backends, holder, health, TelemetrySettings(enabled=False),
                              clock=clock, arrival_window_s=window_s,
-                             arrival_max_wait_s=max_wait_s)
+                             arrival_max_wait_s=max_wait_s, recall_unstarted=recall)
     return router, clock
 
 
@@ -165,3 +165,42 @@ def test_a_burst_still_arriving_at_the_cap_is_expected_to_go_on() -> None:
 
     assert run(use_hint=True) == ["baseline"] * 60
     assert "eagle" in run(use_hint=False)  # what the cap alone would do
+
+
+STREAM = replace(CHAT, stream=True)
+
+
+def _recalled(targets: list[Target]) -> list[bool]:
+    return [t.recall is not None and t.recall.is_set() for t in targets]
+
+
+def test_switch_to_the_baseline_recalls_the_groups_unstarted_eagle_streams() -> None:
+    router, _ = make(ONE_GROUP, recall=True, switch_up=3, switch_down=0,
+                     load_signal="inflight")
+    eagles = [admit(router, STREAM) for _ in range(3)]
+    assert [t.pool for t in eagles] == ["eagle"] * 3
+    router.release(eagles[0])  # finished before the switch: nothing to recall
+    assert _recalled(eagles) == [False] * 3
+    router.acquire(replace(eagles[0], recall=None))  # load back to 3
+    switching = admit(router, STREAM)
+    assert (switching.pool, switching.reason) == ("baseline", "above_switch_up")
+    assert switching.recall is None  # a baseline stream is never recalled
+    assert _recalled(eagles) == [False, True, True]
+    # A recalled request's new target is final, even if EAGLE-3 is chosen again.
+    for t in eagles[1:]:
+        router.release(t)
+    again = router.choose(replace(STREAM, recalled=True))
+    assert again.recall is None
+
+
+def test_no_recall_for_non_streams_overrides_overflow_or_when_off() -> None:
+    on, _ = make(ONE_GROUP, recall=True, switch_up=2, switch_down=0, load_signal="inflight",
+                 allow_client_override=True)
+    assert admit(on, CHAT).recall is None  # a non-streamed answer arrives whole
+    asked = admit(on, replace(STREAM, pool_header="eagle"))
+    assert (asked.pool, asked.reason, asked.recall) == ("eagle", "client_override", None)
+    off, _ = make(ONE_GROUP, recall=False, switch_up=2, switch_down=0)
+    assert admit(off, STREAM).recall is None
+    overflow, _ = make(ONE_GROUP, recall=True, strategy="overflow", eagle_cap=1,
+                       load_signal="inflight")
+    assert admit(overflow, STREAM).recall is None
