@@ -314,11 +314,19 @@ async def chat_completions(request: Request) -> Response:
 async def _chat_events(server: SimServer, gen: Generation, rid: str, model: str
                        ) -> AsyncIterator[bytes]:
     created = int(time.time())
-    yield protocol.sse(protocol.chat_chunk(rid, model, created,
-                                           {"role": "assistant", "content": ""}))
+    # SGLang sends the role chunk when the first output comes back from the scheduler
+    # (serving_chat.py `_generate_chat_stream`, `is_firsts`), not at admission: until
+    # prefill ends, a stream carries no byte after its headers.
+    role = protocol.sse(protocol.chat_chunk(rid, model, created,
+                                            {"role": "assistant", "content": ""}))
     async for piece in gen.pieces():
+        if role:
+            yield role
+            role = b""
         yield protocol.sse(protocol.chat_chunk(rid, model, created, {"content": piece}))
         _maybe_cut(server, gen)
+    if role:  # finished without text (a stop string at once): SGLang still sends it
+        yield role
     gen.observe()
     yield protocol.sse(protocol.chat_chunk(
         rid, model, created, {}, gen.finish_reason, gen.matched,

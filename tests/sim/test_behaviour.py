@@ -53,6 +53,25 @@ def test_disconnect_aborts_at_once_and_frees_the_slot(sim_engine: Callable[..., 
                for line in metrics.splitlines())
 
 
+def test_a_queued_stream_sends_no_byte_until_its_first_output(
+        sim_engine: Callable[..., SimEngine]) -> None:
+    # SGLang's role chunk comes with the first output, so a queued stream is silent
+    # after its headers: the router relies on that to recall such a stream.
+    engine = sim_engine("eagle", time_scale=0.2, extra_args=("--max-running-requests", "1"))
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 100000,
+            "ignore_eos": True, "stream": True}
+    quick = httpx.Timeout(30, read=0.3)
+    with httpx.Client(timeout=30) as first, httpx.Client(timeout=quick) as second, \
+            first.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as running:
+        lines = running.iter_lines()
+        next(lines)
+        with second.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as queued:
+            assert queued.status_code == 200  # the head comes at once
+            wait_until(lambda: engine.state()["waiting"] == 1, 10, "second request queued")
+            with pytest.raises(httpx.ReadTimeout):
+                next(queued.iter_raw())
+
+
 def test_non_stream_disconnect_aborts(sim_engine: Callable[..., SimEngine]) -> None:
     engine = sim_engine("baseline", time_scale=0.2)
     with pytest.raises(httpx.ReadTimeout):
