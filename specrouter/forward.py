@@ -368,7 +368,8 @@ class _Pool:
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, self._connect_timeout)
+                async with asyncio.timeout(self._connect_timeout):
+                    await waiter
             except TimeoutError:
                 raise UpstreamUnreachable(
                     f"all {self._max_connections} connections to the backend are busy"
@@ -381,13 +382,15 @@ class _Pool:
         loop = asyncio.get_running_loop()
         self._connecting += 1
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns a connection
+            # that completed as the caller was cancelled, swallowing the cancel, and the
+            # request then went out with nobody left to read or close it (a recalled or
+            # abandoned request ran to its end on the engine).
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
                     lambda: _Connection(self), self.host, self.port, ssl=self._ssl,
                     server_hostname=self.host if self._ssl else None,
-                ),
-                self._connect_timeout,
-            )
+                )
         except TimeoutError:
             raise UpstreamUnreachable(
                 f"connect to {self.host}:{self.port} timed out after {self._connect_timeout:g}s"
