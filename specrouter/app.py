@@ -534,22 +534,24 @@ async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
 async def _unless_recalled(work: Awaitable[_T], recall: asyncio.Event | None) -> _T:
     """`await work`, unless `recall` is set first: then `work` is cancelled (closing its
     upstream connection, so SGLang aborts the request) and _Recalled is raised. A result
-    that is ready when the recall comes wins: the request has started."""
+    that is ready when the recall comes wins, and so does one that `work` returned while
+    being cancelled: it is the caller's to close (a response then meets the recall at
+    its first chunk)."""
     if recall is None:
         return await work
     task = asyncio.ensure_future(work)
     recalled = asyncio.ensure_future(recall.wait())
     try:
         await asyncio.wait((task, recalled), return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
     finally:
         recalled.cancel()
         if not task.done():  # recalled, or this request was cancelled (client gone)
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-    raise _Recalled
+    if task.cancelled() or (recall.is_set() and task.exception() is not None):
+        raise _Recalled
+    return task.result()
 
 
 def _stream_error_trailer(target: Target, tail: bytes, message: str, code: int) -> bytes:
