@@ -156,7 +156,9 @@ def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration
 
 
 def decision_counts(router_url: str) -> dict[str, float]:
-    """The router's decisions so far, by `pool/reason` (from /metrics)."""
+    """The router's decisions so far, by `pool/reason` (from /metrics), and under
+    `recalled` the EAGLE-3 streams recalled before their first byte (each also counts
+    as two decisions: the EAGLE-3 one and its second)."""
     import httpx
 
     try:
@@ -165,6 +167,9 @@ def decision_counts(router_url: str) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for line in text.splitlines():
+        if line.startswith("specrouter_recalls_total{"):
+            out["recalled"] = out.get("recalled", 0.0) + float(line.rpartition(" ")[2])
+            continue
         if not line.startswith("specrouter_decisions_total{"):
             continue
         labels, _, value = line.rpartition(" ")
