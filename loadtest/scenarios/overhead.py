@@ -225,12 +225,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=6.0, help="per phase")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--router-env", type=json.loads, default={}, metavar="JSON",
+                        help='extra router environment, e.g. '
+                             '\'{"SPECROUTER_TELEMETRY__ENABLED": "false"}\'')
+    parser.add_argument("--no-rates", action="store_true",
+                        help="added latency only, not the highest request rate")
 
 
 def settings_from_args(args: argparse.Namespace) -> OverheadSettings:
     s = OverheadSettings(concurrency=args.concurrency, rounds=args.rounds,
                          seconds=args.seconds, workers=args.workers, seed=args.seed,
-                         progress=not args.no_progress, out_dir=args.out)
+                         progress=not args.no_progress, out_dir=args.out,
+                         router_env=dict(args.router_env), rates=not args.no_rates)
     if args.quick:
         s.rounds, s.seconds, s.rate_seconds = 1, 2.0, 2.0
     return s
