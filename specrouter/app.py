@@ -463,7 +463,11 @@ class Proxy:
         error: str | None = None
         code = 502
         try:
-            async for chunk in _recallable_chunks(response, target.recall):
+            chunks = (response.iter_raw() if target.recall is None
+                      else _recallable_chunks(response, target.recall))
+            async for chunk in chunks:
+                if not chunk:
+                    continue
                 if not started:
                     await send(start)
                     started = True
@@ -509,19 +513,17 @@ class Proxy:
         return None
 
 
-async def _recallable_chunks(response: UpstreamResponse, recall: asyncio.Event | None
+async def _recallable_chunks(response: UpstreamResponse, recall: asyncio.Event
                              ) -> AsyncIterator[bytes]:
-    """The response's non-empty chunks; until the first one, a recall of the request
+    """The response's chunks; until the first non-empty one, a recall of the request
     raises _Recalled instead."""
     chunks = response.iter_raw()
-    if recall is not None:
-        first = await _unless_recalled(_first_chunk(chunks), recall)
-        if first is None:
-            return
-        yield first
+    first = await _unless_recalled(_first_chunk(chunks), recall)
+    if first is None:
+        return
+    yield first
     async for chunk in chunks:
-        if chunk:
-            yield chunk
+        yield chunk
 
 
 async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
