@@ -25,10 +25,6 @@ POLICY = {"strategy": "threshold", "switch_up": 2, "switch_down": 0, "load_signa
 ENV = {"SPECROUTER_POLICY": json.dumps(POLICY), "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
 
 
-def _inflight(group: RoutedGroup) -> dict[str, int]:
-    return group.router.inflight()
-
-
 def _recalls(group: RoutedGroup) -> float:
     text = httpx.get(f"{group.router.url}/metrics", timeout=5.0).text
     for family in text_string_to_metric_families(text):
@@ -67,7 +63,7 @@ def test_a_switch_to_the_baseline_recalls_eagle_streams_without_a_first_byte(
             for expected in (1, 2):  # load 0, then 1: both go to EAGLE-3 and wait there
                 held.append(asyncio.create_task(_story(client, 20)))
                 await asyncio.to_thread(
-                    wait_until, lambda n=expected: _inflight(group)["gpu0-eagle"] == n, 10.0,
+                    wait_until, lambda n=expected: group.router.inflight()["gpu0-eagle"] == n, 10.0,
                     f"{expected} streams held on EAGLE-3")
             # load 2: the group switches to the baseline and the held two follow
             results = await asyncio.gather(_story(client, 20), *held)
