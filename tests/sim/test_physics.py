@@ -12,9 +12,9 @@ import pytest
 from specrouter.sim import physics
 from specrouter.sim.profile import ProfileError, load_profile, load_step_table
 from specrouter.sim.sweep import SweepPoint, closed_loop
-from tests.fixtures.procs import SHARED_CALIBRATION
+from tests.fixtures.procs import CALIBRATION_DIR
 
-CALIBRATION = Path(SHARED_CALIBRATION)
+CALIBRATION = Path(CALIBRATION_DIR)
 PROFILES = Path(__file__).resolve().parents[2] / "specrouter" / "sim" / "profiles"
 
 

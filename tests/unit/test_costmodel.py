@@ -1,4 +1,4 @@
-"""Cost model against the measured H200 step costs in shared/calibration."""
+"""Cost model against the measured H200 step costs in tests/data/calibration."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from specrouter.costmodel import (
     parse_step_table,
 )
 from specrouter.policy import GroupState, Hints, Policy, decide, group_report
-from tests.fixtures.procs import SHARED_CALIBRATION
+from tests.fixtures.procs import CALIBRATION_DIR
 from tests.unit.helpers import group
 
-CALIB = pathlib.Path(SHARED_CALIBRATION)
+CALIB = pathlib.Path(CALIBRATION_DIR)
 CHAIN = DraftConfig(steps=3, topk=1, num_draft_tokens=4)
 TREE16 = DraftConfig(steps=5, topk=4, num_draft_tokens=16)
 

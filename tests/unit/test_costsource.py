@@ -19,9 +19,9 @@ from specrouter.costmodel import (
 )
 from specrouter.costsource import SHIPPED_PROFILES, profile_model
 from specrouter.loadaware import LoadAwareRouter
-from tests.fixtures.procs import SHARED_CALIBRATION
+from tests.fixtures.procs import CALIBRATION_DIR
 
-CALIB_TABLE = str(Path(SHARED_CALIBRATION) / "llama3-8b-ctx2048.jsonl")
+CALIB_TABLE = str(Path(CALIBRATION_DIR) / "llama3-8b-ctx2048.jsonl")
 BACKENDS = [
     {"name": f"{g}-{p}", "url": f"http://127.0.0.1:{port}", "pool": p, "group": g}
     for g, base in (("gpu0", 30000), ("gpu1", 30010))
