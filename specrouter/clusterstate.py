@@ -79,6 +79,7 @@ class StorePolicyHolder:
         self._unsubscribe: Callable[[], None] | None = None
         self._pending: tuple[str, WriteKind] | None = None  # (actor, kind) of our own write
         self._audit_task: asyncio.Task[None] | None = None
+        self._audit_stale = False  # a change arrived since the audit log was last read
         self.rejected = 0  # remote documents refused by validation (tests, debugging)
         self.conflicts = 0  # writes re-merged because another replica wrote first
 
@@ -171,7 +172,11 @@ class StorePolicyHolder:
             actor = record.updated_by
         change = PolicyChange(old, new, datetime.now(UTC), kind, actor or "")
         self._policy = new
-        self._history.append(change)
+        if new.version == old.version + 1:
+            # A change this replica saw replace its predecessor; with versions skipped (a
+            # missed or reordered publish) `old` is not what the write replaced, and the
+            # history waits for the cluster's audit log instead.
+            self._history.append(change)
         log.info("policy version %d in force (%s by %s): %s", new.version, kind,
                  change.actor or "admin", new.model_dump_json(exclude={"updated_at"}))
         self._listeners.notify(old, new)
@@ -180,20 +185,23 @@ class StorePolicyHolder:
     def _refresh_history(self) -> None:
         """Rebuild the history from the cluster's audit log in the background (changes made
         while this replica was away are in it); a failure keeps the local history."""
+        self._audit_stale = True
         if self._audit_task is not None and not self._audit_task.done():
-            return
+            return  # the running load reads the log again before it ends
         with contextlib.suppress(RuntimeError):  # no running loop (sync tests)
             self._audit_task = asyncio.get_running_loop().create_task(self._load_audit())
 
     async def _load_audit(self) -> None:
-        try:
-            entries = await self._store.audit(self._history.maxlen or 100)
-        except StateUnavailable:
-            return
-        changes = _changes_from_audit(entries)
-        if changes:
-            self._history.clear()
-            self._history.extend(changes)
+        while self._audit_stale:
+            self._audit_stale = False
+            try:
+                entries = await self._store.audit(self._history.maxlen or 100)
+            except StateUnavailable:
+                return
+            changes = _changes_from_audit(entries)
+            if changes and changes[-1].new.version >= self._policy.version:
+                self._history.clear()
+                self._history.extend(changes)
 
 
 def _changes_from_audit(entries: Iterable[AuditEntry]) -> list[PolicyChange]:

@@ -149,3 +149,19 @@ async def test_stop_is_prompt_and_the_withdraw_sticks(
         assert r.exists("holder:inflight:gone") == 0
         assert r.zscore("holder:replicas", "gone") is None
         await asyncio.sleep(0.02)
+
+
+async def test_a_replica_that_skipped_versions_logs_what_each_write_replaced(
+    redis_server: RedisServer, cluster_states: Callable[..., Any]
+) -> None:
+    """A replica that starts at version 3 never saw version 2: its history must not say that
+    version 3 replaced its own start-up policy; it reads the writes from the audit log."""
+    a = (await cluster_states(redis_server, "a")).holder
+    await a.patch({"switch_up": 30}, "admin-a")
+    await a.patch({"switch_up": 31}, "admin-a")
+    b: StorePolicyHolder = (await cluster_states(redis_server, "b")).holder
+    assert all(c.new.version == c.old.version + 1 for c in b.history())
+    await eventually(lambda: [c.new.version for c in b.history()][:2] == [3, 2], 3.0,
+                     "b's history to hold a's writes")
+    newest = b.history()[0]
+    assert (newest.old.switch_up, newest.new.switch_up) == (30, 31)
