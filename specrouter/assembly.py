@@ -1,7 +1,7 @@
 """Wiring of the product: settings in, the ASGI app out.
 
     settings -> policy holder, health checker, load-aware router (telemetry inside)
-             -> proxy app (specrouter.app) + /policy + /metrics, wrapped in the metrics
+             -> proxy app (specrouter.edge.app) + /policy + /metrics, wrapped in the metrics
                 middleware that times each request
 
 `serve` and `demo` both call `build_app`, so what a user runs on a laptop is what runs
@@ -16,17 +16,17 @@ from dataclasses import dataclass
 
 from starlette.routing import BaseRoute
 
-from specrouter.admin import AdminApi
-from specrouter.app import SpecRouterApp, create_app
-from specrouter.clusterstate import ClusterState, StateCollector
 from specrouter.config import Settings
-from specrouter.costmodel import GroupCostModel
-from specrouter.forward import Upstream
-from specrouter.health import HealthChecker
-from specrouter.loadaware import LoadAwareRouter
-from specrouter.metrics import MetricsMiddleware, RouterMetrics, metrics_route
-from specrouter.policyholder import LocalPolicyHolder, PolicyHolder
-from specrouter.router import Backend, PreferEagleRouter, Router
+from specrouter.control.admin import AdminApi
+from specrouter.control.clusterstate import ClusterState, StateCollector
+from specrouter.control.holder import LocalPolicyHolder, PolicyHolder
+from specrouter.control.metrics import MetricsMiddleware, RouterMetrics, metrics_route
+from specrouter.edge.app import SpecRouterApp, create_app
+from specrouter.observe.health import HealthChecker
+from specrouter.proxy.upstream import Upstream
+from specrouter.routing.costmodel import GroupCostModel
+from specrouter.routing.loadaware import LoadAwareRouter
+from specrouter.routing.router import Backend, PreferEagleRouter, Router
 
 
 @dataclass

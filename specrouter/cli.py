@@ -15,17 +15,17 @@ from collections.abc import Sequence
 from types import ModuleType
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("specrouter.serve", "run the router (OpenAI-compatible endpoint)"),
-    "sim": ("specrouter.sim.cli", "run simulated SGLang servers for one GPU group"),
-    "demo": ("specrouter.demo", "run one simulated GPU group and the router on 127.0.0.1:8000"),
-    "calibrate": ("specrouter.calibrate", "sweep one group's servers and derive policy thresholds"),
-    "plan": ("specrouter.plan", "plan --mem-fraction-static for an EAGLE-3 + baseline pair"),
-    "launch-pair": ("specrouter.launch_pair", "start an EAGLE-3 + baseline SGLang pair on one GPU"),
+    "serve": ("commands.serve", "run the router (OpenAI-compatible endpoint)"),
+    "sim": ("sim.cli", "run simulated SGLang servers for one GPU group"),
+    "demo": ("commands.demo", "run one simulated GPU group and the router on 127.0.0.1:8000"),
+    "calibrate": ("commands.calibrate", "sweep one group's servers and derive policy thresholds"),
+    "plan": ("commands.plan", "plan --mem-fraction-static for an EAGLE-3 + baseline pair"),
+    "launch-pair": ("commands.launch_pair", "start an EAGLE-3 + baseline SGLang pair on one GPU"),
 }
 
 
 def _load(name: str) -> ModuleType:
-    return importlib.import_module(COMMANDS[name][0])
+    return importlib.import_module(f"specrouter.{COMMANDS[name][0]}")
 
 
 def build_parser(command: str | None) -> argparse.ArgumentParser:

@@ -40,10 +40,10 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from specrouter.breaker import BreakerConfig
-from specrouter.costmodel import GroupCostModel
-from specrouter.costsource import CostModelSource
-from specrouter.policy import Policy
+from specrouter.observe.breaker import BreakerConfig
+from specrouter.routing.costmodel import GroupCostModel
+from specrouter.routing.costsource import CostModelSource
+from specrouter.routing.policy import Policy
 from specrouter.state import StateSettings
 
 Pool = Literal["eagle", "baseline"]
@@ -140,7 +140,7 @@ class ShutdownSettings(_Section):
 
 
 class UpstreamSettings(_Section):
-    """The client the router uses to talk to backends (see `specrouter.forward`).
+    """The client the router uses to talk to backends (see `specrouter.proxy.upstream`).
 
     `native` is a small HTTP/1.1 client on asyncio protocols and httptools with an O(1)
     keep-alive pool; `httpx` is the reference implementation, whose pool bookkeeping is

@@ -37,7 +37,7 @@ from loadtest.scenarios.common import (
     saturated,
     scaled_policy,
 )
-from specrouter.policy import Policy
+from specrouter.routing.policy import Policy
 
 STATIC = ("eagle", "baseline")
 # The goodput probe settings (the product's defaults), spelled out so that the router's

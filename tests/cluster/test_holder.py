@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from specrouter.clusterstate import ClusterState, StorePolicyHolder
+from specrouter.control.clusterstate import ClusterState, StorePolicyHolder
 from specrouter.errors import RouterError
-from specrouter.policy import Policy
+from specrouter.routing.policy import Policy
 from specrouter.state import StateSettings, make_store
 from tests.fixtures.procs import eventually
 from tests.fixtures.redis import RedisServer

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from specrouter.memplan import (
+from specrouter.commands.memplan import (
     GIB,
     PRESETS,
     PlanError,

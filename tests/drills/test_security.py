@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import httpx
 
-from specrouter.admin import AdminApi
+from specrouter.commands.serve import uvicorn_options
 from specrouter.config import load_settings
-from specrouter.serve import uvicorn_options
+from specrouter.control.admin import AdminApi
 from tests.drills.conftest import (
     FAST_HEALTH,
     assert_alive,
@@ -139,4 +139,4 @@ def test_abuse_limits_have_safe_defaults_and_reach_uvicorn() -> None:
     options = uvicorn_options(settings)
     assert options["limit_concurrency"] == 4096
     assert options["timeout_keep_alive"] == 5.0
-    assert options["http"] == "specrouter.httpguard:GuardedHttpToolsProtocol"
+    assert options["http"] == "specrouter.edge.guard:GuardedHttpToolsProtocol"

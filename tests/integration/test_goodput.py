@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import openai
 
-from specrouter.costmodel import GroupCostModel, model_from_dict
-from specrouter.costsource import profile_model
+from specrouter.routing.costmodel import GroupCostModel, model_from_dict
+from specrouter.routing.costsource import profile_model
 from tests.fixtures.procs import REPO_ROOT, specrouter_argv
 from tests.fixtures.router import RouterFactory, group_backends
 from tests.fixtures.sim import SimGroup

@@ -9,16 +9,16 @@ import asyncio
 
 import pytest
 
-from specrouter.breaker import BreakerConfig
 from specrouter.config import HealthSettings, TelemetrySettings
-from specrouter.costsource import profile_model
-from specrouter.health import HealthChecker
-from specrouter.loadaware import LoadAwareRouter
-from specrouter.loadview import EngineSample
-from specrouter.policy import Policy
-from specrouter.policyholder import LocalPolicyHolder
-from specrouter.router import Backend, RequestInfo, Target
-from specrouter.telemetry import parse_v1_loads
+from specrouter.control.holder import LocalPolicyHolder
+from specrouter.observe.breaker import BreakerConfig
+from specrouter.observe.health import HealthChecker
+from specrouter.observe.loadview import EngineSample
+from specrouter.observe.telemetry import parse_v1_loads
+from specrouter.routing.costsource import profile_model
+from specrouter.routing.loadaware import LoadAwareRouter
+from specrouter.routing.policy import Policy
+from specrouter.routing.router import Backend, RequestInfo, Target
 
 EAGLE, BASE = "g0-e", "g0-b"
 GROUP = [Backend(EAGLE, "http://h:1", "eagle", "g0"), Backend(BASE, "http://h:2", "baseline", "g0")]

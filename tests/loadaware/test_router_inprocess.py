@@ -8,14 +8,14 @@ from dataclasses import replace
 
 import pytest
 
-from specrouter.breaker import BreakerConfig
 from specrouter.config import HealthSettings, TelemetrySettings
-from specrouter.health import HealthChecker
-from specrouter.loadaware import InvalidPoolHeader, LoadAwareRouter
-from specrouter.loadview import EngineSample
-from specrouter.policy import Policy
-from specrouter.policyholder import LocalPolicyHolder
-from specrouter.router import Backend, NoBackendAvailable, RequestInfo, Target
+from specrouter.control.holder import LocalPolicyHolder
+from specrouter.observe.breaker import BreakerConfig
+from specrouter.observe.health import HealthChecker
+from specrouter.observe.loadview import EngineSample
+from specrouter.routing.loadaware import InvalidPoolHeader, LoadAwareRouter
+from specrouter.routing.policy import Policy
+from specrouter.routing.router import Backend, NoBackendAvailable, RequestInfo, Target
 
 ONE_GROUP = [Backend("g0-e", "http://h:1", "eagle", "g0"),
              Backend("g0-b", "http://h:2", "baseline", "g0")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrouter.router import (
+from specrouter.routing.router import (
     Backend,
     InflightTracker,
     NoBackendAvailable,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specrouter.loadview import BackendView, GroupView, Pool
+from specrouter.observe.loadview import BackendView, GroupView, Pool
 
 
 def backend(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from specrouter.breaker import (
+from specrouter.observe.breaker import (
     BreakerConfig,
     BreakerState,
     CircuitBreaker,

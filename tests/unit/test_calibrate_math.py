@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrouter.calibrate import LevelResult, crossover, thresholds
+from specrouter.commands.calibrate import LevelResult, crossover, thresholds
 
 
 def test_throughput_counts_only_tokens_decoded_inside_the_window() -> None:

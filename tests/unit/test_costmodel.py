@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from specrouter.costmodel import (
+from specrouter.routing.costmodel import (
     DraftConfig,
     GroupCostModel,
     SweepPoint,
@@ -19,7 +19,7 @@ from specrouter.costmodel import (
     model_from_step_table,
     parse_step_table,
 )
-from specrouter.policy import GroupState, Hints, Policy, decide, group_report
+from specrouter.routing.policy import GroupState, Hints, Policy, decide, group_report
 from tests.fixtures.procs import CALIBRATION_DIR
 from tests.unit.helpers import group
 

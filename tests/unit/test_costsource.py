@@ -11,14 +11,14 @@ import pytest
 
 from specrouter.assembly import build_product
 from specrouter.config import ConfigError, Settings, load_settings
-from specrouter.costmodel import (
+from specrouter.routing.costmodel import (
     SweepPoint,
     fit_group_model,
     model_from_dict,
     model_to_dict,
 )
-from specrouter.costsource import SHIPPED_PROFILES, profile_model
-from specrouter.loadaware import LoadAwareRouter
+from specrouter.routing.costsource import SHIPPED_PROFILES, profile_model
+from specrouter.routing.loadaware import LoadAwareRouter
 from tests.fixtures.procs import CALIBRATION_DIR
 
 CALIB_TABLE = str(Path(CALIBRATION_DIR) / "llama3-8b-ctx2048.jsonl")

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from specrouter.config import TimeoutSettings, UpstreamSettings
-from specrouter.forward import NativeUpstream
-from specrouter.router import Backend
+from specrouter.proxy.upstream import NativeUpstream
+from specrouter.routing.router import Backend
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 

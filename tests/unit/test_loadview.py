@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specrouter.loadview import EngineSample, LoadView
+from specrouter.observe.loadview import EngineSample, LoadView
 
 
 def view() -> LoadView:

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from specrouter.policy import (
+from specrouter.routing.policy import (
     REASONS,
     GroupState,
     HeaderError,

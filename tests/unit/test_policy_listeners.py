@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from specrouter.policy import Policy
-from specrouter.policyholder import LocalPolicyHolder, PolicyListeners
+from specrouter.control.holder import LocalPolicyHolder, PolicyListeners
+from specrouter.routing.policy import Policy
 
 
 def test_a_failing_listener_is_logged_and_the_others_still_run(
@@ -22,7 +22,7 @@ def test_a_failing_listener_is_logged_and_the_others_still_run(
 
     listeners.subscribe(broken)
     listeners.subscribe(lambda old, new: seen.append((old.version, new.version)))
-    with caplog.at_level(logging.ERROR, logger="specrouter.policy"):
+    with caplog.at_level(logging.ERROR, logger="specrouter.routing.policy"):
         listeners.notify(Policy(version=1), Policy(version=2))
     assert seen == [(1, 2)]
     assert "policy listener" in caplog.text and "listener bug" in caplog.text

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specrouter.loadview import EngineSample, LoadView
-from specrouter.policy import GroupState, Hints, Policy, decide
+from specrouter.observe.loadview import EngineSample, LoadView
+from specrouter.routing.policy import GroupState, Hints, Policy, decide
 from tests.unit.helpers import group
 
 POLICY = Policy(strategy="threshold", switch_up=20, switch_down=10, load_signal="inflight")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from specrouter.probe import probe_body
+from specrouter.proxy.shadow import probe_body
 
 
 def shadow(path: str, request: dict[str, object], tokens: int = 128) -> dict[str, object]:

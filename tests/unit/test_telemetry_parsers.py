@@ -7,7 +7,7 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from specrouter.telemetry import (
+from specrouter.observe.telemetry import (
     TelemetryParseError,
     parse_get_load,
     parse_metrics,

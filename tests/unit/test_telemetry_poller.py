@@ -7,8 +7,8 @@ import time
 
 import httpx
 
-from specrouter.loadview import LoadView
-from specrouter.telemetry import TelemetryPoller, TelemetryTarget
+from specrouter.observe.loadview import LoadView
+from specrouter.observe.telemetry import TelemetryPoller, TelemetryTarget
 from tests.fixtures.procs import ManagedProcess, eventually, free_port, specrouter_argv
 
 KEY = "sim-key-123"

@@ -31,11 +31,11 @@ from typing import Any
 
 import uvicorn
 
-from specrouter import httpguard
-from specrouter.app import Lifecycle
 from specrouter.config import ConfigError, Settings, load_settings, parse_backend_spec
+from specrouter.edge import guard
+from specrouter.edge.app import Lifecycle
 
-log = logging.getLogger("specrouter.serve")
+log = logging.getLogger("specrouter.commands.serve")
 
 #: How the parent hands the settings' sources to its worker processes.
 SOURCE_ENV = "SPECROUTER_SERVE_SOURCE"
@@ -124,13 +124,13 @@ def uvicorn_config(settings: Settings, app: Any) -> uvicorn.Config:
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     limits = settings.limits
-    httpguard.apply_limits(limits.max_header_bytes, limits.header_timeout_s)
+    guard.apply_limits(limits.max_header_bytes, limits.header_timeout_s)
     return dict(
         host=settings.listen.host,
         port=settings.listen.port,
         loop="uvloop",
         # httptools plus request-head size and time limits (slowloris, huge headers).
-        http=httpguard.PROTOCOL,
+        http=guard.PROTOCOL,
         limit_concurrency=limits.max_connections,
         timeout_keep_alive=limits.keep_alive_timeout_s,
         lifespan="on",

@@ -7,7 +7,7 @@ Two kinds of evidence, because each alone is too slow or too blind:
   under load, hence its own long timeout. The path that works is remembered per backend
   and looked for again after a connection failure (the server may have been replaced).
 - passive outcomes of real requests (connection errors, 5xx) react within a few requests;
-  they feed a per-backend circuit breaker (`specrouter.breaker`): open after N failures
+  they feed a per-backend circuit breaker (`specrouter.observe.breaker`): open after N failures
   in a window, a half-open probe after a cool-down, closed after M probe successes.
 
 The state machines are pure (`breaker.HealthRecord`); this module owns the clock, the
@@ -24,12 +24,12 @@ from typing import Any
 
 import httpx
 
-from specrouter.breaker import BreakerConfig, HealthRecord
 from specrouter.config import HealthSettings
-from specrouter.router import Backend
+from specrouter.observe.breaker import BreakerConfig, HealthRecord
+from specrouter.routing.router import Backend
 from specrouter.tasks import cancel_and_wait
 
-log = logging.getLogger("specrouter.health")
+log = logging.getLogger("specrouter.observe.health")
 
 READY_PATH = "/ready"
 HEALTH_PATH = "/health"

@@ -2,7 +2,7 @@
 
 Two levels per request: `choose_group` picks the GPU group, `decide` picks the pool
 (EAGLE-3 or baseline) inside it. Both are pure: they read immutable views
-(`specrouter.loadview.GroupView`), take the clock and randomness as arguments, and
+(`specrouter.observe.loadview.GroupView`), take the clock and randomness as arguments, and
 return new state instead of mutating any. Only new requests are decided; in-flight
 requests never move.
 
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from specrouter.costmodel import GroupCostModel, PoolPrediction, ewma
-from specrouter.loadview import GroupView, LoadSignal, Pool
+from specrouter.observe.loadview import GroupView, LoadSignal, Pool
+from specrouter.routing.costmodel import GroupCostModel, PoolPrediction, ewma
 
 Mode = Literal["auto", "eagle", "baseline"]
 Strategy = Literal["threshold", "overflow", "goodput"]

@@ -1,6 +1,6 @@
 """Where a GPU group's cost model comes from: the `cost_model` / `cost_models` settings.
 
-The I/O side of `specrouter.costmodel` (which stays pure): each source names one file and
+The I/O side of `specrouter.routing.costmodel` (which stays pure): each source names one file and
 is read and checked when the settings are validated, so a missing file or a bad table
 stops `specrouter serve` at start-up with the field's path in the message, not on the
 first request. Three kinds of source, exactly one per entry:
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from specrouter.costmodel import (
+from specrouter.routing.costmodel import (
     DraftConfig,
     GroupCostModel,
     model_from_dict,
@@ -34,7 +34,7 @@ from specrouter.costmodel import (
 )
 
 #: Profiles shipped with the simulator, found by name without importing it.
-SHIPPED_PROFILES = Path(__file__).resolve().parent / "sim" / "profiles"
+SHIPPED_PROFILES = Path(__file__).resolve().parent.parent / "sim" / "profiles"
 
 #: The simulator's defaults when a profile leaves a server's max running requests out.
 _PROFILE_MAX_RUNNING = {"eagle": 48, "baseline": 256}

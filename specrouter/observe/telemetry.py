@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from specrouter.loadview import EngineSample
+from specrouter.observe.loadview import EngineSample
 from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)

@@ -23,11 +23,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from specrouter.forward import RawHeaders, Upstream, UpstreamError
-from specrouter.router import Router, Target
+from specrouter.proxy.upstream import RawHeaders, Upstream, UpstreamError
+from specrouter.routing.router import Router, Target
 from specrouter.tasks import cancel_and_wait
 
-log = logging.getLogger("specrouter.probe")
+log = logging.getLogger("specrouter.proxy.shadow")
 
 # Fields that would make the probe stream, sample several answers or return extras it
 # does not need; the server's defaults are the cheap ones.

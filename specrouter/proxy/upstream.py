@@ -21,7 +21,7 @@ import httptools
 import httpx
 
 from specrouter.config import TimeoutSettings, UpstreamSettings
-from specrouter.router import Backend
+from specrouter.routing.router import Backend
 
 RawHeaders = list[tuple[bytes, bytes]]
 

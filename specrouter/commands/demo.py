@@ -21,8 +21,8 @@ import time
 import httpx
 import uvicorn
 
+from specrouter.commands.serve import uvicorn_config
 from specrouter.config import ConfigError, Settings, load_settings
-from specrouter.serve import uvicorn_config
 
 GROUP = "gpu0"
 

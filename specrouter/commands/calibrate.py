@@ -42,7 +42,13 @@ from typing import Any, TypeVar
 
 import httpx
 
-from specrouter.costmodel import (
+from specrouter.observe.loadview import EngineSample
+from specrouter.observe.telemetry import (
+    TelemetryParseError,
+    parse_server_info_accept,
+    parse_v1_loads,
+)
+from specrouter.routing.costmodel import (
     GroupCostModel,
     SweepPoint,
     TableCurve,
@@ -50,8 +56,6 @@ from specrouter.costmodel import (
     model_to_dict,
     step_ms_from_sweep,
 )
-from specrouter.loadview import EngineSample
-from specrouter.telemetry import TelemetryParseError, parse_server_info_accept, parse_v1_loads
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 T = TypeVar("T")

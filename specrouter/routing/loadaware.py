@@ -1,6 +1,6 @@
 """The load-aware router: EAGLE-3 while a GPU group is lightly loaded, baseline when loaded.
 
-It implements the proxy's `Router` seam (`specrouter.router`) by joining the pure parts:
+It implements the proxy's `Router` seam (`specrouter.routing.router`) by joining the pure parts:
 - `LoadView` (exact in-flight counts from `acquire`/`release`, engine telemetry from the
   background `TelemetryPoller`, with the credit rule and staleness);
 - `HealthChecker` (active checks, passive outcomes, per-backend breakers);
@@ -21,12 +21,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from specrouter.config import POOLS, Pool, TelemetrySettings
-from specrouter.costmodel import GroupCostModel
+from specrouter.control.holder import PolicyHolder
+from specrouter.control.metrics import BackendLive, LiveMetrics, RouterMetrics
 from specrouter.errors import RouterError
-from specrouter.health import HealthChecker
-from specrouter.loadview import BackendView, EngineSample, GroupView, LoadSignal, LoadView
-from specrouter.metrics import BackendLive, LiveMetrics, RouterMetrics
-from specrouter.policy import (
+from specrouter.observe.health import HealthChecker
+from specrouter.observe.loadview import BackendView, EngineSample, GroupView, LoadSignal, LoadView
+from specrouter.observe.telemetry import TelemetryPoller, TelemetryTarget
+from specrouter.routing.costmodel import GroupCostModel
+from specrouter.routing.policy import (
     POOL_HEADER,
     GroupState,
     HeaderError,
@@ -39,12 +41,10 @@ from specrouter.policy import (
     parse_pool_header,
     smooth_accept,
 )
-from specrouter.policyholder import PolicyHolder
-from specrouter.router import Backend, NoBackendAvailable, Probe, RequestInfo, Target
-from specrouter.telemetry import TelemetryPoller, TelemetryTarget
+from specrouter.routing.router import Backend, NoBackendAvailable, Probe, RequestInfo, Target
 
 if TYPE_CHECKING:
-    from specrouter.clusterstate import ClusterState
+    from specrouter.control.clusterstate import ClusterState
     from specrouter.state import Lease
 
 _ARRIVING = "(arriving)"

@@ -1,6 +1,6 @@
 """`specrouter plan`: --mem-fraction-static for an EAGLE-3 + baseline pair on one GPU.
 
-The arithmetic lives in `specrouter.memplan` (pure, unit-tested); this module turns flags
+The arithmetic lives in `specrouter.commands.memplan` (pure, unit-tested); this module turns flags
 into a `PlanInput`, prints the plan and the exact SGLang flags of both servers. The flag
 builder is shared with `specrouter launch-pair`, so what is printed is what is launched.
 """
@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from specrouter.memplan import (
+from specrouter.commands.memplan import (
     GIB,
     PRESETS,
     ModelShape,

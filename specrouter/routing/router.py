@@ -1,6 +1,6 @@
 """Where a request goes: the one routing seam of the proxy.
 
-The proxy (`specrouter.app`) never picks a backend itself. It asks a `Router` to
+The proxy (`specrouter.edge.app`) never picks a backend itself. It asks a `Router` to
 `choose(request) -> Target`, tells it when a request is admitted to and released from a
 backend, and reports each upstream outcome. Everything a smarter router needs (load
 views, telemetry, policies, breakers, shared state) lives behind this interface, so the
@@ -77,7 +77,7 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """A shadow copy of the request to send to `target` (specrouter.probe)."""
+    """A shadow copy of the request to send to `target` (specrouter.proxy.shadow)."""
 
     target: Target
     max_tokens: int

@@ -1,7 +1,7 @@
 """`specrouter launch-pair`: start an EAGLE-3 and a baseline SGLang server on one GPU, in order.
 
 Order matters because SGLang sizes its KV pool from the memory free *when it starts*
-(see `specrouter.memplan`): the second server must start only once the first has loaded
+(see `specrouter.commands.memplan`): the second server must start only once the first has loaded
 its weights and allocated its pool, i.e. once it answers ready. The pair lives and dies
 together: a GPU group with one server is not what the router was told it has, so if
 either exits, the other is stopped and launch-pair exits non-zero, for the container
@@ -29,8 +29,13 @@ from types import FrameType
 
 import httpx
 
-from specrouter.memplan import Plan, PlanError, Role, plan_pair
-from specrouter.plan import add_plan_arguments, plan_input_from_args, render_text, server_args
+from specrouter.commands.memplan import Plan, PlanError, Role, plan_pair
+from specrouter.commands.plan import (
+    add_plan_arguments,
+    plan_input_from_args,
+    render_text,
+    server_args,
+)
 
 DEFAULT_CMD = "{python} -m sglang.launch_server {sglang_args}"
 

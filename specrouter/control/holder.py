@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
-from specrouter.policy import Policy, apply_patch, apply_put
+from specrouter.routing.policy import Policy, apply_patch, apply_put
 
-log = logging.getLogger("specrouter.policy")
+log = logging.getLogger("specrouter.routing.policy")
 
 WriteKind = Literal["put", "patch"]
 PolicyListener = Callable[[Policy, Policy], None]

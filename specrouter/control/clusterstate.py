@@ -31,9 +31,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 
+from specrouter.control.holder import PolicyChange, PolicyListener, PolicyListeners, WriteKind
 from specrouter.errors import RouterError
-from specrouter.policy import Policy, apply_patch, apply_put
-from specrouter.policyholder import PolicyChange, PolicyListener, PolicyListeners, WriteKind
+from specrouter.routing.policy import Policy, apply_patch, apply_put
 from specrouter.state import (
     AuditEntry,
     PolicyRecord,

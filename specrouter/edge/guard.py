@@ -39,7 +39,7 @@ class _HeadRefused(Exception):
 
 
 #: What uvicorn's `http=` takes: an import string survives the trip to worker processes.
-PROTOCOL = "specrouter.httpguard:GuardedHttpToolsProtocol"
+PROTOCOL = "specrouter.edge.guard:GuardedHttpToolsProtocol"
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):

@@ -39,7 +39,8 @@ from starlette.types import Receive, Scope, Send
 
 from specrouter.config import Pool, Settings
 from specrouter.errors import JSON_HEADERS, RouterError, openai_error_body, sse_error_event
-from specrouter.forward import (
+from specrouter.proxy.shadow import ShadowProber, probe_body
+from specrouter.proxy.upstream import (
     RawHeaders,
     Upstream,
     UpstreamError,
@@ -48,8 +49,7 @@ from specrouter.forward import (
     UpstreamUnreachable,
     create_upstreams,
 )
-from specrouter.probe import ShadowProber, probe_body
-from specrouter.router import (
+from specrouter.routing.router import (
     Backend,
     NoBackendAvailable,
     PreferEagleRouter,
@@ -655,7 +655,7 @@ async def _health(request: Request) -> Response:
 @dataclass
 class Lifecycle:
     """Shared by the app and the server: `draining` is set on SIGTERM (see
-    `specrouter.serve`), `active` counts requests in progress outside `DRAIN_OPEN`."""
+    `specrouter.commands.serve`), `active` counts requests in progress outside `DRAIN_OPEN`."""
 
     draining: bool = False
     active: int = 0

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specrouter.loadview import Pool
+from specrouter.observe.loadview import Pool
 
 
 class StepCurve(Protocol):

@@ -24,10 +24,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from specrouter.control.holder import PolicyHolder
 from specrouter.errors import RouterError
-from specrouter.policyholder import PolicyHolder
 
-log = logging.getLogger("specrouter.admin")
+log = logging.getLogger("specrouter.control.admin")
 
 LiveView = Callable[[], dict[str, Any]]
 
