@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
 JSON_HEADERS: list[tuple[bytes, bytes]] = [(b"content-type", b"application/json")]
 
 _TYPES = {
@@ -56,3 +58,19 @@ def sse_error_event(message: str, *, error_type: str = "upstream_error", code: i
     """SGLang's mid-stream error event followed by the stream terminator."""
     error = {"object": "error", "message": message, "type": error_type, "code": code}
     return b"data: " + json.dumps({"error": error}).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def describe_validation_error(
+    exc: ValidationError, *, subject: str | None = None, separator: str = "; "
+) -> str:
+    """Every problem of `exc` as `field.path: message`, joined by `separator`.
+
+    A problem of the whole object is named `subject` (or given bare when that is None);
+    pydantic's "Value error, " prefix of a validator's message is dropped.
+    """
+    problems: list[str] = []
+    for error in exc.errors(include_url=False, include_input=False):
+        location = ".".join(str(part) for part in error["loc"]) or subject
+        message = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{location}: {message}" if location else message)
+    return separator.join(problems)
