@@ -1,6 +1,6 @@
-"""Admin API: `GET/PUT/PATCH /policy`.
+"""Admin API: `GET/PUT/PATCH /policy` and `GET /policy/history`.
 
-GET is open (it shows the policy and the live view, never a secret). Writes need
+GETs are open (it shows the policy and the live view, never a secret). Writes need
 `Authorization: Bearer <admin token>`, compared in constant time; with no token
 configured they are refused outright (403), so a router is never left writable by
 accident. The checks run cheapest first and before the body is parsed: token configured
@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from specrouter.control.holder import PolicyHolder
-from specrouter.errors import RouterError
+from specrouter.errors import RouterError, describe_validation_error
 
 log = logging.getLogger("specrouter.control.admin")
 
@@ -46,7 +46,12 @@ class AdminApi:
         self._max_body = max_body_bytes
 
     def routes(self) -> list[BaseRoute]:
-        return [Route("/policy", self._policy, methods=["GET", "PUT", "PATCH"])]
+        return [Route("/policy", self._policy, methods=["GET", "PUT", "PATCH"]),
+                Route("/policy/history", self._history, methods=["GET"])]
+
+    async def _history(self, request: Request) -> Response:
+        """The recent accepted changes, newest first."""
+        return JSONResponse({"history": [c.as_dict() for c in self._holder.history()]})
 
     async def _policy(self, request: Request) -> Response:
         try:
@@ -135,8 +140,7 @@ def _invalid(exc: ValidationError) -> Response:
         {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
         for e in exc.errors(include_url=False, include_context=False, include_input=False)
     ]
-    summary = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'policy'}: {e['msg']}"
-                        for e in errors)
+    summary = describe_validation_error(exc, subject="policy")
     first = ".".join(map(str, errors[0]["loc"])) if errors else None
     body = {"error": {"message": f"invalid policy (the old one stays in force): {summary}",
                       "type": "invalid_request_error", "param": first or None, "code": 422,

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from specrouter.control.clusterstate import ClusterState, StorePolicyHolder
+from specrouter.control.clusterstate import ClusterState
+from specrouter.control.storeholder import StorePolicyHolder
 from specrouter.errors import RouterError
 from specrouter.routing.policy import Policy
 from specrouter.state import StateSettings, make_store

@@ -38,6 +38,10 @@ def test_policy_get_put_patch_and_validation(cluster: ClusterFactory) -> None:
     assert (policy["version"], policy["strategy"], policy["eagle_cap"], policy["switch_up"]) == (
         3, "overflow", 3, 16)
 
+    history = httpx.get(f"{c.url}/policy/history", timeout=5.0).json()["history"]
+    assert [(h["kind"], h["old"]["version"], h["new"]["version"]) for h in history] == [
+        ("put", 2, 3), ("patch", 1, 2)]
+
     for bad, field in (({"switch_up": 4, "switch_down": 9}, "switch_down"),
                        ({"mode": "fastest"}, "mode"), ({"colour": "blue"}, "colour")):
         refused = c.write_policy("PATCH", bad)
