@@ -4,7 +4,7 @@
     e.g. scripts/router_sweep.py seed-coding 0.1 1,2,4,8,16,32,64 3
 
 Starts `specrouter sim` (one group), sweeps eagle-only and baseline-only directly with
-`specrouter.commands.calibrate`'s client (closed loop, max(ROUNDS*C, 8) requests per level,
+`specrouter.commands.calibrate.client` (closed loop, max(ROUNDS*C, 8) requests per level,
 1000 in / 256 out, ignore_eos), derives the threshold policy like `specrouter calibrate`, starts
 `specrouter serve` with it and sweeps the router; prints the ratios to the better static pool
 (targets: throughput >= 0.97x, median latency <= 1.05x). The full benchmark is `make bench`.
@@ -23,7 +23,9 @@ from typing import Any
 
 import httpx
 
-from specrouter.commands.calibrate import LevelResult, LoadShape, PoolClient, recommend, run_level
+from specrouter.commands.calibrate.client import LoadShape, PoolClient, run_level
+from specrouter.commands.calibrate.derive import recommend
+from specrouter.commands.calibrate.measure import LevelResult
 
 PY = sys.executable
 

@@ -1,10 +1,12 @@
-"""The pure parts of `specrouter calibrate`: the level's throughput and the crossover."""
+"""Calibration measurements: the level's throughput and the crossover (with the thresholds
+derived from it)."""
 
 from __future__ import annotations
 
 import pytest
 
-from specrouter.commands.calibrate import LevelResult, crossover, thresholds
+from specrouter.commands.calibrate.derive import thresholds
+from specrouter.commands.calibrate.measure import LevelResult, crossover
 
 
 def test_throughput_counts_only_tokens_decoded_inside_the_window() -> None:
