@@ -1,11 +1,11 @@
 """Per-backend circuit breaker and health record: pure state machines, clock passed in.
 
-closed --N failures within window_s--> open --cooldown_s--> half_open (one probe at a time)
-half_open --M successes--> closed;  half_open --any failure--> open (cooldown restarts)
+closed --N failures within window_s--> open --cooldown_s--> half_open (one trial request
+at a time); half_open --M successes--> closed; half_open --any failure--> open (the
+cool-down restarts).
 
-Why a breaker on top of active checks: SGLang's /health runs a generation and takes a
-second or more, so active checks are slow; passive outcomes of real requests (connection
-errors, 5xx) react within a few requests.
+The breaker sits on top of the active health checks because those are slow (SGLang's
+/health runs a generation): passive outcomes of real requests react within a few requests.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ class BreakerConfig(BaseModel):
 
     failure_threshold: int = Field(default=5, ge=1, description="N failures in window open it")
     window_s: float = Field(default=10.0, gt=0)
-    cooldown_s: float = Field(default=5.0, gt=0, description="open this long before a probe")
-    success_threshold: int = Field(default=2, ge=1, description="M probe successes close it")
+    cooldown_s: float = Field(default=5.0, gt=0,
+                              description="open this long before a half-open trial request")
+    success_threshold: int = Field(default=2, ge=1, description="M trial successes close it")
     probe_timeout_s: float = Field(
-        default=30.0, gt=0, description="a probe with no outcome this long frees its slot")
+        default=30.0, gt=0, description="a trial request with no outcome this long frees its slot")
     check_failures_to_down: int = Field(
         default=2, ge=1, description="consecutive failed active checks that mark it down")
 
@@ -36,50 +37,45 @@ class BreakerState(StrEnum):
     HALF_OPEN = "half_open"
 
 
-def is_failure_status(status_code: int) -> bool:
-    """Upstream answers that count against the backend: 5xx only (4xx is the client's)."""
-    return status_code >= 500
-
-
 @dataclass
 class CircuitBreaker:
     config: BreakerConfig = field(default_factory=BreakerConfig)
     _state: BreakerState = BreakerState.CLOSED
     _failures: deque[float] = field(default_factory=deque)
     _opened_at: float = 0.0
-    _probe_started: float | None = None
-    _probe_successes: int = 0
+    _trial_started: float | None = None
+    _trial_successes: int = 0
 
     def state(self, now: float) -> BreakerState:
         if self._state is BreakerState.OPEN and now - self._opened_at >= self.config.cooldown_s:
             self._state = BreakerState.HALF_OPEN
-            self._probe_started, self._probe_successes = None, 0
+            self._trial_started, self._trial_successes = None, 0
         return self._state
 
     def available(self, now: float) -> bool:
-        """Could a request go here now (without claiming the half-open probe slot)?"""
+        """Could a request go here now (without claiming the half-open trial slot)?"""
         st = self.state(now)
         if st is BreakerState.CLOSED:
             return True
         if st is BreakerState.OPEN:
             return False
-        return self._probe_started is None or (
-            now - self._probe_started >= self.config.probe_timeout_s)
+        return self._trial_started is None or (
+            now - self._trial_started >= self.config.probe_timeout_s)
 
     def allow_request(self, now: float) -> bool:
-        """Claim permission to send one request; in half_open this takes the probe slot."""
+        """Claim permission to send one request; in half_open this takes the trial slot."""
         if not self.available(now):
             return False
         if self._state is BreakerState.HALF_OPEN:
-            self._probe_started = now
+            self._trial_started = now
         return True
 
     def record_success(self, now: float) -> None:
         st = self.state(now)
         if st is BreakerState.HALF_OPEN:
-            self._probe_started = None
-            self._probe_successes += 1
-            if self._probe_successes >= self.config.success_threshold:
+            self._trial_started = None
+            self._trial_successes += 1
+            if self._trial_successes >= self.config.success_threshold:
                 self._state = BreakerState.CLOSED
                 self._failures.clear()
 
@@ -98,7 +94,7 @@ class CircuitBreaker:
 
     def _open(self, now: float) -> None:
         self._state, self._opened_at = BreakerState.OPEN, now
-        self._probe_started, self._probe_successes = None, 0
+        self._trial_started, self._trial_successes = None, 0
         self._failures.clear()
 
 
@@ -107,7 +103,7 @@ class HealthRecord:
     """Active checks plus passive outcomes of one backend.
 
     Healthy = the last `check_failures_to_down` active checks did not all fail, and the
-    breaker is not open (half_open counts as healthy only while its probe slot is free).
+    breaker is not open (half_open counts as healthy only while its trial slot is free).
     Before the first check the backend is presumed up: the breaker catches a dead one.
     """
 
@@ -142,7 +138,7 @@ class HealthRecord:
         return self.checks_ok() and self.breaker.available(now)
 
     def allow_request(self, now: float) -> bool:
-        """Call when dispatching to this backend (claims the half-open probe)."""
+        """Call when dispatching to this backend (claims the half-open trial slot)."""
         return self.checks_ok() and self.breaker.allow_request(now)
 
     def as_dict(self, now: float) -> dict[str, object]:

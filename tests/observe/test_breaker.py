@@ -10,7 +10,6 @@ from specrouter.observe.breaker import (
     BreakerState,
     CircuitBreaker,
     HealthRecord,
-    is_failure_status,
 )
 
 CFG = BreakerConfig(failure_threshold=3, window_s=10, cooldown_s=5, success_threshold=2)
@@ -27,14 +26,14 @@ def test_opens_after_n_failures_within_window_only() -> None:
     assert b.state(14.0) is BreakerState.OPEN and not b.allow_request(14.0)
 
 
-def test_half_open_single_probe_then_close_after_m_successes() -> None:
+def test_half_open_single_trial_then_close_after_m_successes() -> None:
     b = CircuitBreaker(CFG)
     for t in (0.0, 0.1, 0.2):
         b.record_failure(t)
     assert b.state(5.1) is BreakerState.OPEN  # opened at 0.2, cooldown 5 s
     assert b.state(5.2) is BreakerState.HALF_OPEN
     assert b.allow_request(5.2)
-    assert not b.allow_request(5.3)  # one probe at a time
+    assert not b.allow_request(5.3)  # one trial request at a time
     b.record_success(5.3)
     assert b.state(5.3) is BreakerState.HALF_OPEN  # 1 of 2
     assert b.allow_request(5.4)
@@ -52,7 +51,7 @@ def test_half_open_failure_reopens_and_restarts_cooldown() -> None:
     assert b.state(11.5) is BreakerState.HALF_OPEN
 
 
-def test_lost_probe_frees_its_slot_after_timeout() -> None:
+def test_lost_trial_frees_its_slot_after_timeout() -> None:
     b = CircuitBreaker(CFG.model_copy(update={"probe_timeout_s": 2.0}))
     for t in (0.0, 0.1, 0.2):
         b.record_failure(t)
@@ -73,16 +72,14 @@ def test_health_record_combines_checks_and_outcomes() -> None:
     for t in (4.0, 4.1, 4.2):
         h.record_outcome(False, t, "HTTP 503")
     assert not h.healthy(4.3) and h.as_dict(4.3)["breaker"] == "open"
-    assert h.allow_request(9.3) and not h.healthy(9.4)  # probe claimed
+    assert h.allow_request(9.3) and not h.healthy(9.4)  # trial slot claimed
     h.record_outcome(True, 9.5)
     assert h.allow_request(9.6)
     h.record_outcome(True, 9.7)
     assert h.as_dict(9.7)["breaker"] == "closed" and h.healthy(9.7)
 
 
-def test_status_classification_and_config_validation() -> None:
-    assert is_failure_status(503) and is_failure_status(500)
-    assert not is_failure_status(429) and not is_failure_status(400)
+def test_config_validation() -> None:
     with pytest.raises(ValidationError) as exc:
         BreakerConfig(failure_threshold=0, cooldown_s=-1)
     assert {e["loc"] for e in exc.value.errors()} == {("failure_threshold",), ("cooldown_s",)}
