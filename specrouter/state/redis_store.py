@@ -6,17 +6,17 @@ Design (details and bounds in docs/state.md):
   changed, and at least every `heartbeat_s` to refresh the TTL. A background refresher reads all
   live replicas' hashes (one Lua call) every `refresh_interval_s`. The request path only touches
   a dict.
-- Policy: a hash written by a compare-and-set Lua script that bumps the version, appends the
-  audit entry and publishes the new version, all atomically. Replicas adopt newer versions from
-  pub/sub, and a reconcile loop compares versions every `reconcile_interval_s` in case a message
-  was lost.
+- Policy: a hash written by a compare-and-set Lua script (`redis_scripts`) that bumps the
+  version, appends the audit entry and publishes the new version, all atomically. Replicas
+  adopt newer versions from pub/sub, and a reconcile loop compares versions every
+  `reconcile_interval_s` in case a message was lost.
 - Failure: any Redis error in a background loop marks the store degraded (logged once), loops
   pause, a supervisor reconnects with exponential backoff and, once Redis answers, republishes
   counts, re-seeds the policy if Redis lost it, and refreshes the view before leaving degraded.
   A reply the store cannot read (a key someone else wrote, or an answer that is not the one
   asked for) is handled the same way, after dropping every pooled connection: no background
   loop may die, because a dead refresh loop would freeze the other replicas' counts in this
-  replica's view for good while the store still looks connected.
+  replica's view while the store still looks connected.
 """
 
 from __future__ import annotations
@@ -51,98 +51,13 @@ from specrouter.state.base import (
     encode_doc,
 )
 from specrouter.state.keys import KeySchema
+from specrouter.state.redis_scripts import RedisScripts, count_of
 from specrouter.state.settings import StateSettings
 
 log = logging.getLogger("specrouter.state")
 
 T = TypeVar("T")
 REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
-
-# KEYS[1] this replica's hash, KEYS[2] replicas zset; ARGV[1] ttl_ms, ARGV[2] replica_id,
-# ARGV[3..] backend, count pairs. DEL+HSET in one script: readers never see a half update.
-_PUBLISH_LUA = """
-redis.call('DEL', KEYS[1])
-local ttl = tonumber(ARGV[1])
-if #ARGV > 2 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-  redis.call('PEXPIRE', KEYS[1], ttl)
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZADD', KEYS[2], now, ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - 3 * ttl)
-redis.call('PEXPIRE', KEYS[2], 3 * ttl)
-return 1
-"""
-
-# KEYS[1] replicas zset; ARGV[1] inflight key prefix, ARGV[2] ttl_ms.
-# Returns {id1, {backend, count, ...}, id2, {...}, ...} for replicas heard from within the TTL.
-_REFRESH_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[2]), '+inf')
-local out = {}
-for _, id in ipairs(ids) do
-  out[#out + 1] = id
-  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. id)
-end
-return out
-"""
-
-# KEYS[1] policy hash, KEYS[2] audit list; ARGV[1] expected version (-1: any), ARGV[2] doc json,
-# ARGV[3] updated_by, ARGV[4] audit cap, ARGV[5] channel, ARGV[6] floor (the writer's held
-# version: after Redis restarted empty, versions continue above what replicas hold).
-_CAS_LUA = """
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0') or 0
-local floor = tonumber(ARGV[6])
-if floor > cur then cur = floor end
-local expected = tonumber(ARGV[1])
-if expected >= 0 and cur ~= expected then return {0, tostring(cur)} end
-local t = redis.call('TIME')
-local now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-local v = cur + 1
-redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'version', v, 'updated_at', now,
-           'updated_by', ARGV[3])
-redis.call('LPUSH', KEYS[2], '{"action":"put","version":' .. v .. ',"updated_at":' .. now ..
-           ',"updated_by":' .. cjson.encode(ARGV[3]) .. ',"doc":' .. ARGV[2] .. '}')
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
-redis.call('PUBLISH', ARGV[5], v)
-return {1, tostring(v), now}
-"""
-
-# Re-seed after Redis lost the policy (restart empty), holds an older one or one whose version
-# is not a number.
-# KEYS as above; ARGV[1] held version, ARGV[2] doc json, ARGV[3] updated_by, ARGV[4] cap,
-# ARGV[5] channel, ARGV[6] updated_at ('' = now). Writes only if Redis has nothing newer.
-_SEED_LUA = """
-local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '-1') or -1
-local v = tonumber(ARGV[1])
-if v < 1 then v = 1 end
-if cur >= v then return {0, tostring(cur)} end
-local now = ARGV[6]
-if now == '' then
-  local t = redis.call('TIME')
-  now = t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
-end
-redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'version', v, 'updated_at', now,
-           'updated_by', ARGV[3])
-redis.call('LPUSH', KEYS[2], '{"action":"seed","version":' .. v .. ',"updated_at":' .. now ..
-           ',"updated_by":' .. cjson.encode(ARGV[3]) .. ',"doc":' .. ARGV[2] .. '}')
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[4]) - 1)
-redis.call('PUBLISH', ARGV[5], v)
-return {1, tostring(v), now}
-"""
-
-
-def _count_of(value: object) -> int | None:
-    """An integer stored in Redis, or None for anything else (a key someone else wrote)."""
-    if not isinstance(value, str | bytes | int):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        return None
-
 
 def _password_of(url: str) -> str | None:
     try:
@@ -172,10 +87,7 @@ class RedisStore(StateStore):
         self._op_timeout = 2 * (settings.connect_timeout_s + settings.socket_timeout_s)
         self._keys = KeySchema(settings.key_prefix)
         self._ttl_ms = int(settings.ttl_s * 1000)
-        self._publish_script = self._client.register_script(_PUBLISH_LUA)
-        self._refresh_script = self._client.register_script(_REFRESH_LUA)
-        self._cas_script = self._client.register_script(_CAS_LUA)
-        self._seed_script = self._client.register_script(_SEED_LUA)
+        self._scripts = RedisScripts(self._client, self._keys, self._ttl_ms, settings.audit_cap)
 
         self._dirty = asyncio.Event()
         self._counts = LocalCounts(on_change=self._dirty.set)
@@ -281,12 +193,7 @@ class RedisStore(StateStore):
         expected = -1 if expected_version is None else expected_version
         try:
             result = await self._call(
-                lambda: self._cas_script(
-                    keys=[self._keys.policy, self._keys.audit],
-                    args=[expected, encoded, actor, self.settings.audit_cap,
-                          self._keys.policy_channel, floor],
-                )
-            )
+                lambda: self._scripts.compare_and_set(expected, encoded, actor, floor))
             if int(result[0]) == 0:
                 current = await self._call(self._read_policy)
                 raise VersionConflict(expected, current)
@@ -432,17 +339,10 @@ class RedisStore(StateStore):
 
     # -- Redis operations (each raises on failure; callers decide) --------------------------
     async def _publish(self) -> None:
-        args: list[Any] = [self._ttl_ms, self.replica_id]
-        for backend, count in self._counts.snapshot().items():
-            args += [backend, count]
-        await self._publish_script(
-            keys=[self._keys.inflight(self.replica_id), self._keys.replicas], args=args
-        )
+        await self._scripts.publish(self.replica_id, self._counts.snapshot())
 
     async def _refresh(self) -> None:
-        raw = await self._refresh_script(
-            keys=[self._keys.replicas], args=[self._keys.inflight_prefix, self._ttl_ms]
-        )
+        raw = await self._scripts.refresh()
         others: dict[str, int] = {}
         seen = 0
         for i in range(0, len(raw), 2):
@@ -451,7 +351,7 @@ class RedisStore(StateStore):
                 continue  # our own counts come from the exact local counter
             fields = raw[i + 1]
             for j in range(0, len(fields), 2):
-                count = _count_of(fields[j + 1])
+                count = count_of(fields[j + 1])
                 if count is None:
                     self._warn_once(f"state: replica {raw[i]!r} published a count for "
                                     f"{fields[j]!r} that is not an integer; it is ignored")
@@ -464,7 +364,7 @@ class RedisStore(StateStore):
     async def _reconcile_version(self) -> None:
         stored = await self._client.hget(self._keys.policy, "version")
         held = self._policy.record
-        if held is None or _count_of(stored) != held.version:
+        if held is None or count_of(stored) != held.version:
             await self._sync_policy()
 
     async def _read_policy(self) -> PolicyRecord | None:
@@ -497,12 +397,9 @@ class RedisStore(StateStore):
             return
         if held is None or (stored is not None and stored.version == held.version):
             return
-        result = await self._seed_script(
-            keys=[self._keys.policy, self._keys.audit],
-            args=[held.version, encode_doc(held.doc), held.updated_by or self.replica_id,
-                  self.settings.audit_cap, self._keys.policy_channel,
-                  repr(held.updated_at) if held.version >= 1 else ""],
-        )
+        result = await self._scripts.seed(
+            held.version, encode_doc(held.doc), held.updated_by or self.replica_id,
+            repr(held.updated_at) if held.version >= 1 else "")
         if int(result[0]) == 1:
             version = int(result[1])
             if version != held.version:  # a version-0 startup policy became version 1

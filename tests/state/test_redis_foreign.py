@@ -73,7 +73,7 @@ async def test_an_answer_to_the_wrong_question_drops_the_connections_and_heals(
     command; the store must not die of it, nor keep trusting its connections."""
     a = await stores(redis_server, "r1")
     b = await stores(redis_server, "r2")
-    refresh = a._refresh_script
+    refresh = a._scripts._refresh
     answered_wrong = []
 
     async def wrong_once(**kwargs: Any) -> Any:
@@ -82,7 +82,7 @@ async def test_an_answer_to_the_wrong_question_drops_the_connections_and_heals(
             return 1  # what the publish script answers, not a refresh
         return await refresh(**kwargs)
 
-    a._refresh_script = wrong_once
+    a._scripts._refresh = wrong_once
     with caplog.at_level(logging.ERROR, logger="specrouter.state"):
         await eventually(lambda: bool(answered_wrong), what="the wrong answer")
         b.acquire("gpu0/base")
