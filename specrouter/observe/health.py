@@ -1,14 +1,11 @@
 """Health of each backend: active checks in the background, passive outcomes, breakers.
 
-Two kinds of evidence, because each alone is too slow or too blind:
-- active checks find a server that is down before any user request hits it, and find it
-  back up. SGLang 0.5.23 has a cheap `GET /ready`; older versions answer it 404, and then
-  `GET /health` is used, which runs a one-token generation and may take a second or more
-  under load, hence its own long timeout. The path that works is remembered per backend
-  and looked for again after a connection failure (the server may have been replaced).
-- passive outcomes of real requests (connection errors, 5xx) react within a few requests;
-  they feed a per-backend circuit breaker (`specrouter.observe.breaker`): open after N failures
-  in a window, a half-open probe after a cool-down, closed after M probe successes.
+Active checks find a backend that is down before a request hits it, and find it back up.
+SGLang's cheap `GET /ready` is used where it exists (SGLang 0.5.23+); a backend that
+answers it 404 or 405 is checked with `GET /health`, which runs a one-token generation and
+gets its own long timeout. The path that works is remembered per backend and detected
+again after a connection failure (another SGLang version may be behind the URL). Passive outcomes of
+real requests feed each backend's circuit breaker (`specrouter.observe.breaker`).
 
 The state machines are pure (`breaker.HealthRecord`); this module owns the clock, the
 HTTP client and the background loops.
@@ -24,16 +21,16 @@ from typing import Any
 
 import httpx
 
+from specrouter.backends import Backend
 from specrouter.config import HealthSettings
 from specrouter.observe.breaker import BreakerConfig, HealthRecord
-from specrouter.routing.router import Backend
 from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger("specrouter.observe.health")
 
 READY_PATH = "/ready"
 HEALTH_PATH = "/health"
-_NO_READY = frozenset({404, 405})  # a server without /ready (SGLang before 0.5.23)
+_NO_READY = frozenset({404, 405})  # no /ready: SGLang before 0.5.23
 
 
 class HealthChecker:
@@ -64,7 +61,7 @@ class HealthChecker:
         return self.records[name].healthy(self._clock() if now is None else now)
 
     def allow_request(self, name: str, now: float | None = None) -> bool:
-        """Call when dispatching to `name`: in half-open state this takes the probe slot."""
+        """Call when dispatching to `name`: in half-open state this takes the trial slot."""
         return self.records[name].allow_request(self._clock() if now is None else now)
 
     def record_outcome(self, name: str, ok: bool, error: str | None = None) -> None:
@@ -87,10 +84,9 @@ class HealthChecker:
         if self._tasks or not self._settings.enabled:
             return
         if self._client is None:
-            # A fresh connection per check: a server that stopped accepting connections
-            # must fail its check even while an old keep-alive connection still works.
-            # Checks are seconds apart, so the extra handshake costs nothing. No proxies
-            # from the environment for engine traffic.
+            # A fresh connection per check: a backend that stopped accepting connections
+            # fails its check even while an old keep-alive connection still works. No
+            # proxies from the environment for backend traffic.
             self._client = httpx.AsyncClient(
                 trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
         self._tasks = [asyncio.create_task(self._loop(b), name=f"health-{b.name}")
@@ -115,12 +111,12 @@ class HealthChecker:
 
     async def check_once(self, backend: Backend) -> bool:
         """One active check of `backend`; records and returns the verdict."""
-        ok, error = await self._probe(backend)
+        ok, error = await self._check(backend)
         self.records[backend.name].record_check(ok, self._clock(), error)
         self._log_transition(backend.name)
         return ok
 
-    async def _probe(self, backend: Backend) -> tuple[bool, str | None]:
+    async def _check(self, backend: Backend) -> tuple[bool, str | None]:
         name = backend.name
         if self._paths[name] != HEALTH_PATH:
             status, error = await self._get(backend, READY_PATH, self._settings.ready_timeout_s)
@@ -135,7 +131,8 @@ class HealthChecker:
             return False, error
         return status == 200, None if status == 200 else f"{HEALTH_PATH}: HTTP {status}"
 
-    async def _get(self, backend: Backend, path: str, timeout: float) -> tuple[int | None, str]:
+    async def _get(self, backend: Backend, path: str,
+                   timeout: float) -> tuple[int | None, str]:
         """(status, "") or (None, what went wrong)."""
         assert self._client is not None, "call start() first"
         try:
@@ -143,7 +140,7 @@ class HealthChecker:
         except httpx.TimeoutException:
             return None, f"{path}: no answer within {timeout:g}s"
         except httpx.HTTPError as exc:
-            self._paths[backend.name] = None  # maybe a different server comes back: re-detect
+            self._paths[backend.name] = None  # the path is detected again
             return None, f"{path}: {type(exc).__name__}"
         return response.status_code, ""
 

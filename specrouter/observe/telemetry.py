@@ -1,4 +1,4 @@
-"""Engine telemetry: parsers of SGLang's load endpoints, and a background poller.
+"""Telemetry of each backend's engine: parsers of SGLang's load endpoints, and a poller.
 
 Shapes read from SGLang sources (see docs/policy.md for the files):
 - GET /v1/loads (0.5.10+): {"timestamp","version","dp_rank_count","loads":[{"dp_rank",
@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from specrouter.backends import Backend
 from specrouter.observe.loadview import EngineSample
 from specrouter.tasks import cancel_and_wait
 
@@ -172,34 +173,19 @@ def parse_source(source: str, response_text: str, received_at: float) -> EngineS
 # --- poller -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TelemetryTarget:
-    """One SGLang server to poll; `speculative` asks for its accept length too."""
-
-    name: str
-    base_url: str
-    api_key: str | None = None
-    speculative: bool = False
-
-    def __repr__(self) -> str:  # never print the key
-        return f"TelemetryTarget({self.name!r}, {self.base_url!r}, speculative={self.speculative})"
-
-
 @dataclass
-class _TargetState:
-    source: str | None = None
-    errors: int = 0
+class _PollState:
+    source: str | None = None  # the endpoint that answered last
     polls: int = 0
-    last_error: str | None = None
 
 
 @dataclass
 class TelemetryPoller:
-    """Polls every target each `interval` seconds and hands samples to `publish`.
+    """Polls every backend each `interval` seconds and hands samples to `publish`.
 
-    For each target it tries /v1/loads, /get_load, /metrics in order and sticks to the
+    For each backend it tries /v1/loads, /get_load, /metrics in order and sticks to the
     first that answers with a parsable body; on a later failure it searches again.
-    A speculative target whose source lacks the accept length gets /server_info read
+    An EAGLE-3 backend whose source lacks the accept length gets /server_info read
     every `accept_every` polls (it is a heavier call). A failed poll publishes nothing:
     the load view then ages the last sample out (staleness) instead of trusting zeros.
 
@@ -207,42 +193,38 @@ class TelemetryPoller:
     `LoadView.publish` and `LoadView.publish_accept_length`.
     """
 
-    targets: Sequence[TelemetryTarget]
+    backends: Sequence[Backend]
     publish: Callable[[str, EngineSample], None]
     publish_accept: Callable[[str, float, float], None] | None = None
     # called as each poll is sent (LoadView.poll_started: the credit rule needs the
-    # in-flight count at the moment the engine took its snapshot, not only at the answer)
+    # in-flight count at the moment the engine took its snapshot)
     poll_started: Callable[[str], None] | None = None
     interval: float = 0.1
     timeout: float = 2.0
     accept_every: int = 10
     client: httpx.AsyncClient | None = None
     clock: Callable[[], float] = time.monotonic
-    _states: dict[str, _TargetState] = field(default_factory=dict)
+    _states: dict[str, _PollState] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _own_client: bool = False
 
     def __post_init__(self) -> None:
         if self.interval <= 0:
             raise ValueError("interval must be positive")
-        self._states = {t.name: _TargetState() for t in self.targets}
+        self._states = {b.name: _PollState() for b in self.backends}
 
     def source_of(self, name: str) -> str | None:
         """The endpoint that worked last for `name` (None before the first success)."""
         return self._states[name].source
 
-    def stats(self) -> dict[str, dict[str, object]]:
-        return {n: {"source": s.source, "polls": s.polls, "errors": s.errors,
-                    "last_error": s.last_error} for n, s in self._states.items()}
-
     async def start(self) -> None:
-        """Start one polling loop per target (a hung server must not delay the others)."""
+        """Start one polling loop per backend (a hung one must not delay the others)."""
         if self._tasks:
             return
         if self.client is None:
             self.client, self._own_client = httpx.AsyncClient(timeout=self.timeout), True
-        self._tasks = [asyncio.create_task(self._run(t), name=f"telemetry-{t.name}")
-                       for t in self.targets]
+        self._tasks = [asyncio.create_task(self._run(b), name=f"telemetry-{b.name}")
+                       for b in self.backends]
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
@@ -258,69 +240,63 @@ class TelemetryPoller:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _run(self, target: TelemetryTarget) -> None:
+    async def _run(self, backend: Backend) -> None:
         while True:
             started = self.clock()
             try:
-                await self.poll_once(target)
+                await self.poll_once(backend)
             except Exception:  # a bug in one poll must not end telemetry for good
-                log.exception("telemetry poll of %s failed", target.name)
+                log.exception("telemetry poll of %s failed", backend.name)
             await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
 
-    async def poll_once(self, target: TelemetryTarget) -> EngineSample | None:
-        """One poll of one target; never raises for network or payload trouble."""
-        st = self._states[target.name]
+    async def poll_once(self, backend: Backend) -> EngineSample | None:
+        """One poll of one backend; never raises for network or payload trouble."""
+        st = self._states[backend.name]
         st.polls += 1
         if self.poll_started is not None:
-            self.poll_started(target.name)
+            self.poll_started(backend.name)
         order = [st.source] if st.source else []
         order += [s for s in SOURCES if s not in order]
         for source in order:
-            sample = await self._try(target, source, st)
+            sample = await self._try(backend, source)
             if sample is not None:
                 st.source = source
-                self.publish(target.name, sample)
-                if target.speculative and sample.accept_length is None:
-                    await self._maybe_server_info(target, st)
+                self.publish(backend.name, sample)
+                if backend.pool == "eagle" and sample.accept_length is None:
+                    await self._maybe_server_info(backend, st)
                 return sample
-        st.source, st.errors = None, st.errors + 1
+        st.source = None
         return None
 
-    def _headers(self, target: TelemetryTarget) -> dict[str, str]:
-        return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-
-    async def _get(self, target: TelemetryTarget, path: str) -> httpx.Response:
+    async def _get(self, backend: Backend, path: str) -> httpx.Response:
         assert self.client is not None, "call start() or pass a client"
-        return await self.client.get(target.base_url.rstrip("/") + path,
-                                     headers=self._headers(target), timeout=self.timeout)
+        headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
+        return await self.client.get(backend.url.rstrip("/") + path, headers=headers,
+                                     timeout=self.timeout)
 
-    async def _try(self, target: TelemetryTarget, source: str,
-                   st: _TargetState) -> EngineSample | None:
+    async def _try(self, backend: Backend, source: str) -> EngineSample | None:
         try:
-            resp = await self._get(target, PATHS[source])
-        except httpx.HTTPError as exc:
-            st.last_error = f"{source}: {type(exc).__name__}"
+            resp = await self._get(backend, PATHS[source])
+        except httpx.HTTPError:
             return None
         if resp.status_code != 200:
-            st.last_error = f"{source}: HTTP {resp.status_code}"
             return None
         try:
             return parse_source(source, resp.text, self.clock())
-        except TelemetryParseError as exc:
-            st.last_error = str(exc)
+        except TelemetryParseError:
             return None
 
-    async def _maybe_server_info(self, target: TelemetryTarget, st: _TargetState) -> None:
+    async def _maybe_server_info(self, backend: Backend, st: _PollState) -> None:
         if self.publish_accept is None or (st.polls - 1) % self.accept_every:
             return
         for path in ("/server_info", "/get_server_info"):
             try:
-                resp = await self._get(target, path)
+                resp = await self._get(backend, path)
                 if resp.status_code != 200:
                     continue
                 accept = parse_server_info_accept(resp.json())
             except (httpx.HTTPError, ValueError):
                 continue
             if accept is not None:
-                self.publish_accept(target.name, accept, self.clock())
+                self.publish_accept(backend.name, accept, self.clock())
             return

@@ -1,0 +1,132 @@
+"""Credit rule, staleness and load signals of the load view."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specrouter.observe.loadview import EngineSample, LoadView
+
+
+def view() -> LoadView:
+    lv = LoadView(poll_interval=0.1)
+    lv.add_backend("e0", "gpu0", "eagle")
+    lv.add_backend("b0", "gpu0", "baseline")
+    lv.add_backend("e1", "gpu1", "eagle")
+    return lv
+
+
+def test_credit_rule_counts_dispatches_once() -> None:
+    lv = view()
+    for _ in range(3):
+        lv.acquire("e0")
+    # The engine saw our 3 plus 2 from elsewhere.
+    lv.publish("e0", EngineSample(running=4, waiting=1, received_at=10.0))
+    assert lv.backend_view("e0", 10.0).engine == 5.0  # not 5 + 3
+    lv.acquire("e0")
+    lv.acquire("e0")  # dispatched since the poll: credited
+    assert lv.backend_view("e0", 10.05).engine == 7.0
+    lv.release("e0")  # one of ours finished since the poll: debited
+    v = lv.backend_view("e0", 10.05)
+    assert (v.engine, v.inflight) == (6.0, 4)
+    assert (v.load("inflight"), v.load("engine"), v.load("max")) == (4.0, 6.0, 6.0)
+
+
+def test_a_request_that_ends_while_the_poll_is_on_the_wire_is_no_phantom() -> None:
+    lv = view()
+    lv.acquire("e0")
+    lv.poll_started("e0")  # the engine's snapshot will still hold our one request
+    lv.release("e0")  # it ends before the answer arrives
+    lv.publish("e0", EngineSample(running=1, waiting=0, received_at=10.0))
+    assert lv.backend_view("e0", 10.01).engine == 0.0  # not a phantom 1 for a poll interval
+    # A request dispatched during the round trip and already in the snapshot: counted once.
+    lv.poll_started("e0")
+    lv.acquire("e0")
+    lv.publish("e0", EngineSample(running=1, waiting=0, received_at=10.1))
+    assert lv.backend_view("e0", 10.11).engine == 1.0
+
+
+def test_engine_below_inflight_and_floor() -> None:
+    lv = view()
+    lv.acquire("e0")
+    lv.acquire("e0")
+    lv.publish("e0", EngineSample(0, 0, 1.0))  # engine has not seen them yet
+    v = lv.backend_view("e0", 1.0)
+    assert (v.load("engine"), v.load("max")) == (0.0, 2.0)
+    lv.release("e0")
+    lv.release("e0")
+    assert lv.backend_view("e0", 1.0).engine == 0.0  # floored, never negative
+
+
+def test_stale_telemetry_is_ignored_and_counted() -> None:
+    lv = view()
+    lv.acquire("b0")
+    lv.publish("b0", EngineSample(running=30, waiting=5, received_at=100.0))
+    fresh = lv.backend_view("b0", 100.3)  # 3 intervals: still fresh
+    assert not fresh.stale and fresh.load("engine") == 35.0
+    stale = lv.backend_view("b0", 100.31)
+    assert stale.stale and stale.engine is None
+    assert stale.load("engine") == stale.load("max") == 1.0  # falls back to in-flight
+    assert stale.telemetry_age == pytest.approx(0.31)
+    assert lv.stale_reads()["b0"] == 1
+    lv.backend_view("b0", 101.0)
+    assert lv.stale_reads()["b0"] == 2
+    never = lv.backend_view("e1", 0.0)  # no telemetry yet: not a stale read
+    assert never.engine is None and lv.stale_reads()["e1"] == 0
+
+
+def test_out_of_order_sample_is_dropped() -> None:
+    lv = view()
+    lv.publish("e0", EngineSample(5, 0, 2.0))
+    lv.publish("e0", EngineSample(9, 0, 1.0))
+    assert lv.backend_view("e0", 2.0).engine == 5.0
+
+
+def test_group_load_is_sum_and_accept_length_flows() -> None:
+    lv = view()
+    lv.acquire("e0")
+    lv.publish("e0", EngineSample(2, 0, 5.0, accept_length=3.1))
+    lv.publish("b0", EngineSample(7, 3, 5.0))
+    groups = {g.name: g for g in lv.snapshot(5.0, healthy=lambda n: n != "e1")}
+    assert set(groups) == {"gpu0", "gpu1"}
+    assert groups["gpu0"].load("engine") == 12.0
+    assert groups["gpu0"].load("inflight") == 1.0
+    assert groups["gpu0"].eagle_accept() == (3.1, 5.0)
+    assert not groups["gpu1"].any_healthy
+    lv.publish_accept_length("e1", 2.2, 6.0)
+    assert lv.group_view("gpu1", 6.0).eagle_accept() == (2.2, 6.0)
+    assert lv.group_view("gpu1", 40.0).eagle_accept() == (None, None)  # too old
+
+
+def test_misuse_is_a_clear_error() -> None:
+    lv = view()
+    with pytest.raises(RuntimeError, match="release without acquire"):
+        lv.release("e0")
+    with pytest.raises(KeyError, match="unknown backend"):
+        lv.acquire("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        lv.add_backend("e0", "gpu0", "eagle")
+
+
+@settings(deadline=None)
+@given(st.lists(st.sampled_from(["acquire", "release", "publish"]), max_size=80),
+       st.integers(min_value=0, max_value=5))
+def test_credit_rule_equals_engine_truth(ops: list[str], others: int) -> None:
+    """If the engine counted exactly our in-flight plus `others` at each sample, the
+    credited engine load always equals our in-flight plus `others`."""
+    lv = LoadView(poll_interval=1.0)
+    lv.add_backend("b", "g", "baseline")
+    t = 0.0
+    for op in ops:
+        t += 0.01
+        ours = lv.backends["b"].inflight
+        if op == "acquire":
+            lv.acquire("b")
+        elif op == "release" and ours > 0:
+            lv.release("b")
+        elif op == "publish":
+            lv.publish("b", EngineSample(running=ours + others, waiting=0, received_at=t))
+        v = lv.backend_view("b", t)
+        if v.engine is not None:
+            assert v.engine == v.inflight + others
