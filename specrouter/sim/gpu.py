@@ -31,9 +31,6 @@ class SimClock:
     def sim_now(self) -> float:
         return (self.real() - self._t0) / self.time_scale
 
-    def to_sim(self, real_t: float) -> float:
-        return (real_t - self._t0) / self.time_scale
-
     def real_duration(self, sim_ms: float) -> float:
         return sim_ms / 1000.0 * self.time_scale
 
