@@ -1,12 +1,11 @@
 """Wiring of the product: settings in, the ASGI app out.
 
-    settings -> policy holder, health checker, load-aware router (telemetry inside)
-             -> proxy app (specrouter.edge.app) + /policy + /metrics, wrapped in the metrics
-                middleware that times each request
+    settings -> policy holder, backend monitor (health checks, telemetry, cluster counts)
+             -> load-aware router -> proxy app (specrouter.edge.app) + /policy + /metrics,
+                wrapped in the metrics middleware that times each request
 
-`serve` and `demo` both call `build_app`, so what a user runs on a laptop is what runs
-in production. Swapping a part (the policy holder for one backed by the cluster store,
-say) happens here and nowhere else.
+`serve` and `demo` both call `build_app`, so what runs on a laptop is what runs in
+production. Parts are chosen here and nowhere else.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 
 from starlette.routing import BaseRoute
 
+from specrouter.backends import Backend
 from specrouter.config import Settings
 from specrouter.control.admin import AdminApi
 from specrouter.control.clusterstate import ClusterState, StateCollector
@@ -26,7 +26,9 @@ from specrouter.observe.health import HealthChecker
 from specrouter.proxy.upstream import Upstream
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.loadaware import LoadAwareRouter
-from specrouter.routing.router import Backend, PreferEagleRouter, Router
+from specrouter.routing.monitor import BackendMonitor
+from specrouter.routing.policy import Policy
+from specrouter.routing.router import Router
 
 
 @dataclass
@@ -41,6 +43,14 @@ class Product:
     state: ClusterState | None = None
 
 
+def initial_policy(settings: Settings) -> Policy:
+    """The policy at start-up; `router: prefer_eagle` is the load-aware router in
+    `mode: eagle`."""
+    if settings.router == "prefer_eagle":
+        return settings.policy.model_copy(update={"mode": "eagle"})
+    return settings.policy
+
+
 def build_product(
     settings: Settings,
     upstreams: Mapping[str, Upstream] | None = None,
@@ -49,29 +59,22 @@ def build_product(
 ) -> Product:
     backends = [Backend.from_config(b) for b in settings.backends]
     metrics = RouterMetrics()
-    extra: list[BaseRoute] = [metrics_route(metrics)]
-    router: Router
     state: ClusterState | None = None
-    if settings.router == "prefer_eagle":
-        router, holder = PreferEagleRouter(backends), None
-    else:
-        if settings.redis_url is not None and policy is None:
-            # Cluster mode: policy and in-flight counts shared through Redis.
-            state = ClusterState.from_settings(settings.state_settings(), settings.policy)
-            metrics.registry.register(StateCollector(state))
-        holder = (policy if policy is not None else
-                  state.holder if state is not None else LocalPolicyHolder(settings.policy))
-        health = HealthChecker(backends, settings.health, settings.breaker)
-        models = settings.group_cost_models() if cost_models is None else cost_models
-        load_aware = LoadAwareRouter(
-            backends, holder, health, settings.telemetry, metrics, models,
-            arrival_window_s=settings.admission.arrival_window_ms / 1000.0, state=state,
-            arrival_max_wait_s=settings.admission.arrival_max_wait_ms / 1000.0,
-            recall_unstarted=settings.admission.recall_unstarted)
-        admin = AdminApi(holder, load_aware.live_view, settings.admin_token,
-                         settings.admin_max_body_bytes)
-        extra = [*admin.routes(), *extra]
-        router = load_aware
+    if settings.redis_url is not None and policy is None:
+        # Cluster mode: policy and in-flight counts shared through Redis.
+        state = ClusterState.from_settings(settings.state_settings(), initial_policy(settings))
+        metrics.registry.register(StateCollector(state))
+    holder = (policy if policy is not None else
+              state.holder if state is not None else LocalPolicyHolder(initial_policy(settings)))
+    health = HealthChecker(backends, settings.health, settings.breaker)
+    monitor = BackendMonitor(backends, health, settings.telemetry, state)
+    router = LoadAwareRouter(
+        monitor, holder, settings.admission, metrics=metrics,
+        cost_models=settings.group_cost_models() if cost_models is None else cost_models)
+    metrics.attach(router.live_metrics)
+    admin = AdminApi(holder, router.live_view, settings.admin_token,
+                     settings.admin_max_body_bytes)
+    extra: list[BaseRoute] = [*admin.routes(), metrics_route(metrics)]
     app = create_app(settings, router, upstreams, extra_routes=extra)
     return Product(MetricsMiddleware(app, metrics), app, router, metrics, holder, state)
 

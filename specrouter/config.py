@@ -40,14 +40,12 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from specrouter.backends import Pool as Pool  # callers: import it from specrouter.backends
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.costsource import CostModelSource
 from specrouter.routing.policy import Policy
 from specrouter.state import StateSettings
-
-Pool = Literal["eagle", "baseline"]
-POOLS: tuple[Pool, ...] = ("eagle", "baseline")
 
 MIB = 1024 * 1024
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -18,12 +18,11 @@ the batch stays at max_batch and per-request time grows with the queue.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specrouter.observe.loadview import Pool
+from specrouter.backends import Pool
 
 
 class StepCurve(Protocol):
@@ -156,24 +155,6 @@ class DraftConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.topk < 1 or self.num_draft_tokens < 1:
             raise ValueError("draft steps, topk and num_draft_tokens must be >= 1")
-
-
-def parse_step_table(text: str) -> list[dict[str, Any]]:
-    """Rows of a step-cost jsonl (one JSON object a line, blank lines ignored)."""
-    rows: list[dict[str, Any]] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"step table line {lineno}: not JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or "batch" not in row or "target_q1_ms" not in row:
-            raise ValueError(f"step table line {lineno}: needs 'batch' and 'target_q1_ms'")
-        rows.append(row)
-    if not rows:
-        raise ValueError("step table is empty")
-    return rows
 
 
 def model_from_step_table(
@@ -313,16 +294,6 @@ def fit_group_model(
         fit_curve(base_pts, quadratic), fit_curve(eagle_pts, quadratic),
         eagle_accept_length, baseline_max_batch, eagle_max_batch,
     )
-
-
-# --- live accept length ------------------------------------------------------------------
-
-
-def ewma(previous: float | None, sample: float, alpha: float) -> float:
-    """Exponentially weighted mean; the first sample is taken as is."""
-    if not 0.0 < alpha <= 1.0:
-        raise ValueError("alpha must be in (0, 1]")
-    return sample if previous is None else previous + alpha * (sample - previous)
 
 
 # --- serialisation: the cost-model JSON of `specrouter calibrate --write-cost-model` ------

@@ -30,8 +30,8 @@ from specrouter.routing.costmodel import (
     model_from_dict,
     model_from_profile,
     model_from_step_table,
-    parse_step_table,
 )
+from specrouter.steptable import parse_step_table
 
 #: Profiles shipped with the simulator, found by name without importing it.
 SHIPPED_PROFILES = Path(__file__).resolve().parent.parent / "sim" / "profiles"

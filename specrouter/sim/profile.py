@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specrouter.steptable import parse_step_table
+
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 
 
@@ -81,24 +83,14 @@ def _interp_batch(batches: tuple[int, ...], row: tuple[float, ...], batch: float
 
 
 def load_step_table(path: Path) -> StepTable:
-    rows: list[dict[str, Any]] = []
     try:
         text = path.read_text()
     except OSError as exc:
         raise ProfileError(f"cannot read step table {path}: {exc}") from None
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}:{n}: not JSON ({exc})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("batch"), int) \
-                or not isinstance(row.get("ctx"), int):
-            raise ProfileError(f"{path}:{n}: needs integer 'batch' and 'ctx'")
-        rows.append(row)
-    if not rows:
-        raise ProfileError(f"step table {path} is empty")
+    try:
+        rows = parse_step_table(text, f"step table {path}")
+    except ValueError as exc:
+        raise ProfileError(str(exc)) from None
     batches = tuple(sorted({r["batch"] for r in rows}))
     ctxs = tuple(sorted({r["ctx"] for r in rows}))
     columns = {k for r in rows for k, v in r.items()

@@ -1,27 +1,19 @@
-"""The pure pool decision and group choice."""
+"""The pool decision: the rules every strategy shares, threshold and overflow."""
 
 from __future__ import annotations
 
-import random
-from collections import Counter
-
 import pytest
-from pydantic import ValidationError
 
-from specrouter.routing.policy import (
-    REASONS,
+from specrouter.routing.decision import (
     GroupState,
     HeaderError,
     Hints,
     NoHealthyPool,
-    Policy,
-    apply_patch,
-    apply_put,
-    choose_group,
-    decide,
     parse_pool_header,
 )
-from tests.unit.helpers import group
+from specrouter.routing.policy import Policy
+from specrouter.routing.pool_choice import REASONS, decide
+from tests.routing.helpers import group
 
 THRESH = Policy(strategy="threshold", switch_up=16, switch_down=8, load_signal="inflight")
 
@@ -111,57 +103,3 @@ def test_unhealthy_pool_sends_group_to_the_other() -> None:
     assert (d.pool, d.reason) == ("eagle", "baseline_unhealthy")
     with pytest.raises(NoHealthyPool):
         decide(THRESH, group(eagle_ok=False, base_ok=False), GroupState(), Hints(), 0.0)
-
-
-def test_choose_group_least_loaded_and_skips_dead() -> None:
-    rng = random.Random(1)
-    a, b = group("a", eagle=5), group("b", eagle=2)
-    dead = group("c", eagle_ok=False, base_ok=False)
-    assert choose_group([a, b, dead], "inflight", random.Random(0)) is not dead
-    assert choose_group([a, b], "inflight", rng) is b
-    assert choose_group([dead], "inflight", rng) is None
-    assert choose_group([], "inflight", rng) is None
-    # A group with only its baseline alive is still a candidate.
-    half = group("h", eagle=9, eagle_ok=False)
-    assert choose_group([half, dead], "inflight", rng) is half
-
-
-def test_choose_group_ties_are_random() -> None:
-    rng = random.Random(7)
-    a, b = group("a", eagle=3), group("b", eagle=3)
-    picks = Counter(choose_group([a, b], "inflight", rng).name for _ in range(400))  # type: ignore[union-attr]
-    assert picks["a"] > 150 and picks["b"] > 150
-
-
-def test_choose_group_power_of_two_among_many() -> None:
-    rng = random.Random(3)
-    groups = [group(f"g{i}", eagle=i) for i in range(8)]
-    picks = Counter(choose_group(groups, "inflight", rng).name for _ in range(2000))  # type: ignore[union-attr]
-    # The most loaded group can never win a pairwise comparison; the least loaded wins
-    # every pair it is drawn in (probability 2/8), so it is picked about 1/4 of the time.
-    assert picks["g7"] == 0
-    assert 400 < picks["g0"] < 600
-    assert set(picks) == {f"g{i}" for i in range(7)}  # not always the global minimum
-
-
-def test_policy_validation_errors_name_the_field() -> None:
-    with pytest.raises(ValidationError) as exc:
-        Policy(switch_up=8, switch_down=8)
-    errs = exc.value.errors()
-    assert errs[0]["loc"] == ("switch_down",) and "less than switch_up" in errs[0]["msg"]
-    with pytest.raises(ValidationError) as exc:
-        Policy.model_validate({"mode": "fast", "eagle_cap": 0, "bogus": 1})
-    locs = {e["loc"] for e in exc.value.errors()}
-    assert locs == {("mode",), ("eagle_cap",), ("bogus",)}
-
-
-def test_put_and_patch_bump_version_and_keep_old_on_error() -> None:
-    p1 = Policy()
-    p2 = apply_patch(p1, {"strategy": "overflow", "eagle_cap": 12, "version": 99})
-    assert (p2.version, p2.strategy, p2.eagle_cap, p2.switch_up) == (2, "overflow", 12, 16)
-    assert p2.updated_at >= p1.updated_at
-    p3 = apply_put(p2, {"mode": "baseline"})
-    assert (p3.version, p3.strategy, p3.eagle_cap, p3.mode) == (3, "threshold", 8, "baseline")
-    with pytest.raises(ValidationError):
-        apply_patch(p3, {"switch_down": 100})
-    assert p3.version == 3 and p3.public()["mode"] == "baseline"

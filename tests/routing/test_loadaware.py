@@ -8,14 +8,16 @@ from dataclasses import replace
 
 import pytest
 
-from specrouter.config import HealthSettings, TelemetrySettings
+from specrouter.backends import Backend
+from specrouter.config import AdmissionSettings, HealthSettings, TelemetrySettings
 from specrouter.control.holder import LocalPolicyHolder
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.observe.health import HealthChecker
 from specrouter.observe.loadview import EngineSample
 from specrouter.routing.loadaware import InvalidPoolHeader, LoadAwareRouter
+from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy
-from specrouter.routing.router import Backend, NoBackendAvailable, RequestInfo, Target
+from specrouter.routing.router import NoBackendAvailable, RequestInfo, Target
 
 ONE_GROUP = [Backend("g0-e", "http://h:1", "eagle", "g0"),
              Backend("g0-b", "http://h:2", "baseline", "g0")]
@@ -38,11 +40,11 @@ def make(backends: list[Backend], window_s: float = 0.0, max_wait_s: float = 0.0
     health = HealthChecker(backends, HealthSettings(enabled=False),
                            BreakerConfig(failure_threshold=2, cooldown_s=5.0,
                                          success_threshold=1), clock=clock)
+    monitor = BackendMonitor(backends, health, TelemetrySettings(enabled=False), clock=clock)
     holder = LocalPolicyHolder(Policy.model_validate(policy))
-    router = LoadAwareRouter(backends, holder, health, TelemetrySettings(enabled=False),
-                             clock=clock, arrival_window_s=window_s,
-                             arrival_max_wait_s=max_wait_s, recall_unstarted=recall)
-    return router, clock
+    admission = AdmissionSettings(arrival_window_ms=window_s * 1000,
+                                  arrival_max_wait_ms=max_wait_s * 1000, recall_unstarted=recall)
+    return LoadAwareRouter(monitor, holder, admission), clock
 
 
 def admit(router: LoadAwareRouter, request: RequestInfo = CHAT) -> Target:
@@ -91,7 +93,7 @@ def test_nothing_waits_in_the_baseline_regime_or_in_forced_modes() -> None:
 def test_credit_rule_and_stale_telemetry() -> None:
     router, clock = make(TWO_GROUPS, switch_up=4, switch_down=1)
     # Other clients keep g0 busy: the engine says 5 running, the router sent none.
-    router.view.publish("g0-e", EngineSample(running=5, waiting=0, received_at=clock.now))
+    router.monitor.view.publish("g0-e", EngineSample(running=5, waiting=0, received_at=clock.now))
     first = admit(router)
     assert first.group == "g1" and first.pool == "eagle"
     # Three poll intervals later that sample is ignored: g0 looks idle again.

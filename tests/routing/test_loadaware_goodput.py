@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from specrouter.config import HealthSettings, TelemetrySettings
+from specrouter.backends import Backend
+from specrouter.config import AdmissionSettings, HealthSettings, TelemetrySettings
 from specrouter.control.holder import LocalPolicyHolder
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.observe.health import HealthChecker
@@ -17,8 +18,9 @@ from specrouter.observe.loadview import EngineSample
 from specrouter.observe.telemetry import parse_v1_loads
 from specrouter.routing.costsource import profile_model
 from specrouter.routing.loadaware import LoadAwareRouter
+from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy
-from specrouter.routing.router import Backend, RequestInfo, Target
+from specrouter.routing.router import RequestInfo, Target
 
 EAGLE, BASE = "g0-e", "g0-b"
 GROUP = [Backend(EAGLE, "http://h:1", "eagle", "g0"), Backend(BASE, "http://h:2", "baseline", "g0")]
@@ -38,20 +40,21 @@ class Clock:
 def make(window_s: float = 0.0, **policy: object) -> tuple[LoadAwareRouter, Clock]:
     clock = Clock()
     health = HealthChecker(GROUP, HealthSettings(enabled=False), BreakerConfig(), clock=clock)
+    monitor = BackendMonitor(GROUP, health, TelemetrySettings(interval_s=0.1), clock=clock)
     holder = LocalPolicyHolder(Policy.model_validate({"strategy": "goodput", **policy}))
-    router = LoadAwareRouter(GROUP, holder, health, TelemetrySettings(interval_s=0.1),
-                             cost_models={"g0": profile_model("h200-llama3-8b", 2048)},
-                             clock=clock, arrival_window_s=window_s)
+    admission = AdmissionSettings(arrival_window_ms=window_s * 1000, recall_unstarted=False)
+    router = LoadAwareRouter(monitor, holder, admission,
+                             cost_models={"g0": profile_model("h200-llama3-8b", 2048)})
     return router, clock
 
 
 def poll(router: LoadAwareRouter, clock: Clock, eagle_running: int, base_running: int,
          accept: float) -> None:
     """One telemetry round as the poller delivers it (/v1/loads carries the accept)."""
-    assert router.poller is not None
+    assert router.monitor.poller is not None
     clock.now += 0.1
-    router.poller.publish(EAGLE, EngineSample(eagle_running, 0, clock.now, accept))
-    router.poller.publish(BASE, EngineSample(base_running, 0, clock.now))
+    router.monitor.poller.publish(EAGLE, EngineSample(eagle_running, 0, clock.now, accept))
+    router.monitor.poller.publish(BASE, EngineSample(base_running, 0, clock.now))
 
 
 def group_view(router: LoadAwareRouter) -> dict[str, object]:
@@ -74,7 +77,7 @@ def test_accept_readings_between_requests_each_count() -> None:
     # The workload shifts; ten polls arrive and no request is decided meanwhile.
     for _ in range(10):
         poll(router, clock, LOAD, 0, 1.6)
-    accept = router.group_states()["g0"].accept_ewma
+    accept = router.group_states()["g0"].accept.ewma
     assert accept is not None and accept < 1.65  # 1.6 + 1.4 * 0.7**10 = 1.64
     view = group_view(router)
     assert (view["choice"], view["reason"]) == ("baseline", "goodput_baseline")
@@ -135,7 +138,7 @@ def test_a_steady_accept_length_is_never_probed() -> None:
         poll(router, clock, 0, 17, 1.6)
         target = router.choose(CHAT)
         assert target.pool == "baseline" and target.probe is None
-    peak = router.group_states()["g0"].accept_peak
+    peak = router.group_states()["g0"].accept.peak
     assert peak is not None
     crossover = profile_model("h200-llama3-8b", 2048).crossover(peak)
     assert crossover is not None and crossover < 17 + 1
@@ -153,7 +156,7 @@ def test_no_probe_when_even_the_peak_would_not_clear_the_switching_margin() -> N
         poll(router, clock, 0, 15, 1.6)
         target = router.choose(CHAT)
         assert target.pool == "baseline" and target.probe is None
-    peak = router.group_states()["g0"].accept_peak
+    peak = router.group_states()["g0"].accept.peak
     model = profile_model("h200-llama3-8b", 2048)
     assert peak is not None and 1.0 < model.ratio(16, peak) < 1.03
 
@@ -195,9 +198,9 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     def weight_of(batch: int) -> float:
         router, clock = make(goodput_probe_s=0)  # no probes: the average never goes stale
         poll(router, clock, 4, 0, 3.0)
-        before = router.group_states()["g0"].accept_ewma
+        before = router.group_states()["g0"].accept.ewma
         poll(router, clock, batch, 0, 2.0)
-        after = router.group_states()["g0"].accept_ewma
+        after = router.group_states()["g0"].accept.ewma
         assert before is not None and after is not None
         return (before - after) / (before - 2.0)
 
@@ -210,12 +213,12 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     router, clock = make(goodput_probe_s=0)
     poll(router, clock, 4, 0, 3.0)
     poll(router, clock, 0, 0, 2.0)
-    once = router.group_states()["g0"].accept_ewma
+    once = router.group_states()["g0"].accept.ewma
     for _ in range(20):
         poll(router, clock, 0, 0, 2.0)
-    assert router.group_states()["g0"].accept_ewma == once
+    assert router.group_states()["g0"].accept.ewma == once
     poll(router, clock, 1, 0, 2.0)  # busy again: its readings count
-    again = router.group_states()["g0"].accept_ewma
+    again = router.group_states()["g0"].accept.ewma
     assert once is not None and again is not None and again < once
 
 
@@ -223,18 +226,18 @@ def poll_loads(router: LoadAwareRouter, clock: Clock, running: int, kv_tokens: i
                accept: float) -> None:
     """One poll of the EAGLE server's /v1/loads as SGLang answers it: the snapshot it
     last refreshed (the KV tokens in use move with every decode step)."""
-    assert router.poller is not None
+    assert router.monitor.poller is not None
     clock.now += 0.1
     load = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
             "num_used_tokens": kv_tokens, "gen_throughput": 120.0,
             "speculative": {"accept_length": accept, "accept_rate": 0.5}}
-    router.poller.publish(EAGLE, parse_v1_loads({"loads": [load]}, clock.now))
+    router.monitor.poller.publish(EAGLE, parse_v1_loads({"loads": [load]}, clock.now))
 
 
 def poll_base(router: LoadAwareRouter, clock: Clock, running: int) -> None:
     """The baseline server's half of the same telemetry round (no accept length)."""
-    assert router.poller is not None
-    router.poller.publish(BASE, EngineSample(running, 0, clock.now))
+    assert router.monitor.poller is not None
+    router.monitor.poller.publish(BASE, EngineSample(running, 0, clock.now))
 
 
 def test_an_engine_snapshot_counts_once_and_only_for_its_new_steps() -> None:
@@ -242,18 +245,18 @@ def test_an_engine_snapshot_counts_once_and_only_for_its_new_steps() -> None:
     # over the last 40: polled ten times, one snapshot is still 15 new steps.
     router, clock = make(goodput_probe_s=0)
     poll_loads(router, clock, 4, 5000, 3.0)
-    before = router.group_states()["g0"].accept_ewma
+    before = router.group_states()["g0"].accept.ewma
     poll_loads(router, clock, 4, 5060, 2.0)
-    after = router.group_states()["g0"].accept_ewma
+    after = router.group_states()["g0"].accept.ewma
     assert before is not None and after is not None
     assert (before - after) / (before - 2.0) == pytest.approx(1 - 0.7 ** (15 / 40))
     for _ in range(10):
         poll_loads(router, clock, 4, 5060, 2.0)
-    assert router.group_states()["g0"].accept_ewma == after
+    assert router.group_states()["g0"].accept.ewma == after
     # A new snapshot with the same accept length is new steps: it counts (a workload
     # whose every draft is accepted reads the same value in every snapshot).
     poll_loads(router, clock, 4, 5120, 2.0)
-    again = router.group_states()["g0"].accept_ewma
+    again = router.group_states()["g0"].accept.ewma
     assert again is not None and again < after
 
 
@@ -267,7 +270,7 @@ def test_a_lone_requests_unlucky_window_barely_moves_the_average() -> None:
     # Four snapshots of the window (every one polled three times) move it 0.05, not 0.24;
     # at seed-coding load 1 the baseline needs it below 1.74.
     state = router.group_states()["g0"]
-    assert state.accept_ewma is not None and state.accept_ewma > 1.9
+    assert state.accept.ewma is not None and state.accept.ewma > 1.9
 
 
 def test_a_probe_reading_after_a_quiet_period_outweighs_the_stale_average() -> None:
@@ -279,15 +282,15 @@ def test_a_probe_reading_after_a_quiet_period_outweighs_the_stale_average() -> N
         poll(router, clock, 16, 0, 1.6)
     clock.now += 8.0  # a probe period without a reading
     poll(router, clock, 1, 0, 3.0)
-    accept = router.group_states()["g0"].accept_ewma
+    accept = router.group_states()["g0"].accept.ewma
     assert accept is not None and accept > 2.7  # 1.6 + 1.4 * 0.84 (e^-4 of weight kept)
     poll(router, clock, 1, 0, 1.6)  # right after: back to one request's small weight
-    after = router.group_states()["g0"].accept_ewma
+    after = router.group_states()["g0"].accept.ewma
     assert after is not None and accept - after < 0.15
     # An idle server's snapshot after a quiet period is old steps: no such boost.
     clock.now += 8.0
     poll(router, clock, 0, 0, 1.0)
-    idle = router.group_states()["g0"].accept_ewma
+    idle = router.group_states()["g0"].accept.ewma
     assert idle is not None and after - idle < 0.15
 
 
@@ -341,5 +344,5 @@ def test_a_probe_wins_a_group_back_although_its_first_snapshots_hold_old_steps()
         poll_loads(router, clock, running, kv, accept)
         poll_base(router, clock, LOAD)
     state = router.group_states()["g0"]
-    assert state.accept_ewma is not None and state.accept_ewma > 2.9
+    assert state.accept.ewma is not None and state.accept.ewma > 2.9
     assert router.choose(CHAT).pool == "eagle"

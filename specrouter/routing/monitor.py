@@ -1,0 +1,117 @@
+"""What the router observes of its backends: in-flight counts and engine telemetry (the
+`LoadView`, fed by the `TelemetryPoller`), health checks and breakers, and in cluster
+mode every replica's counts. It decides nothing: decisions read its group views.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from specrouter.backends import Backend
+from specrouter.config import TelemetrySettings
+from specrouter.observe.health import HealthChecker
+from specrouter.observe.loadview import EngineSample, GroupView, LoadView
+from specrouter.observe.telemetry import TelemetryPoller
+from specrouter.routing.cluster import ClusterCounts, SharedState
+
+
+class BackendMonitor:
+    """Runs on one event loop; `on_accept(group)` hears of each new accept-length reading."""
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        health: HealthChecker,
+        telemetry: TelemetrySettings | None = None,
+        state: SharedState | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        telemetry = telemetry if telemetry is not None else TelemetrySettings()
+        self.backends = tuple(backends)
+        self.health = health
+        self.clock = clock
+        self.cluster = ClusterCounts(state, backends) if state is not None else None
+        self.on_accept: Callable[[str], None] = lambda _group: None
+        self._groups = {b.name: b.group for b in self.backends}
+        self.view = LoadView(poll_interval=telemetry.interval_s)
+        for b in self.backends:
+            self.view.add_backend(b.name, b.group, b.pool)
+        self.poller: TelemetryPoller | None = None
+        if telemetry.enabled:
+            self.poller = TelemetryPoller(
+                backends=self.backends,
+                publish=self._publish_sample, publish_accept=self._publish_accept,
+                poll_started=self.view.poll_started,
+                interval=telemetry.interval_s, timeout=telemetry.timeout_s,
+            )
+
+    def groups(self, now: float, exclude: frozenset[str] = frozenset()) -> tuple[GroupView, ...]:
+        """Every group; a backend in `exclude` counts as unhealthy."""
+        health = self.health
+
+        def usable(name: str) -> bool:
+            return name not in exclude and health.healthy(name, now)
+
+        groups = self.view.snapshot(now, usable)
+        return groups if self.cluster is None else self.cluster.merged(groups)
+
+    def group(self, name: str, now: float) -> GroupView:
+        """One group with this replica's own counts."""
+        return self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
+
+    def acquire(self, key: int, backend: str) -> None:
+        self.view.acquire(backend)
+        if self.cluster is not None:
+            self.cluster.acquire(key, backend)
+
+    def release(self, key: int, backend: str) -> None:
+        self.view.release(backend)
+        if self.cluster is not None:
+            self.cluster.release(key)
+
+    async def start(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.state.start()  # the shared policy is in force first
+        await self.health.start()
+        if self.poller is not None:
+            await self.poller.start()
+
+    async def stop(self) -> None:
+        if self.poller is not None:
+            await self.poller.stop()
+        await self.health.stop()
+        if self.cluster is not None:
+            await self.cluster.state.stop()
+
+    def cluster_details(self) -> dict[str, Any]:
+        return {} if self.cluster is None else self.cluster.details()
+
+    def describe(self, backend: Backend, now: float) -> dict[str, Any]:
+        """One backend in GET /ready and GET /policy."""
+        load = self.view.backends[backend.name]
+        health = self.health.describe(backend.name)
+        telemetry: dict[str, Any] = {
+            "source": self.poller.source_of(backend.name) if self.poller else None,
+            "age_s": load.age(now), "stale": load.is_stale(now, self.view.poll_interval),
+            "engine_load": load.engine_load(now, self.view.poll_interval),
+            "running": None if load.sample is None else load.sample.running,
+            "waiting": None if load.sample is None else load.sample.waiting,
+        }
+        return {
+            "name": backend.name, "url": backend.url, "pool": backend.pool,
+            "group": backend.group, "healthy": health["healthy"], "breaker": health["breaker"],
+            "inflight": load.inflight, "last_error": health["last_error"],
+            "check_path": health["check_path"], "accept_length": load.accept_length,
+            "telemetry": telemetry,
+        }
+
+    def _publish_sample(self, name: str, sample: EngineSample) -> None:
+        self.view.publish(name, sample)
+        if sample.accept_length is not None:
+            self.on_accept(self._groups[name])
+
+    def _publish_accept(self, name: str, accept_length: float, received_at: float) -> None:
+        self.view.publish_accept_length(name, accept_length, received_at)
+        self.on_accept(self._groups[name])

@@ -1,0 +1,43 @@
+"""The live view of one group in GET /policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specrouter.observe.loadview import GroupView
+from specrouter.routing.costmodel import GroupCostModel
+from specrouter.routing.decision import GroupState, Hints, NoHealthyPool
+from specrouter.routing.policy import Policy
+from specrouter.routing.pool_choice import decide
+
+
+def group_report(
+    policy: Policy,
+    group: GroupView,
+    state: GroupState,
+    now: float,
+    cost_model: GroupCostModel | None = None,
+) -> dict[str, Any]:
+    """Load, what a new request would get now and why, and (with a cost model) both
+    pools' predictions and the crossover. The decision's new state is discarded."""
+    report: dict[str, Any] = {
+        "group": group.name, "load": group.load(policy.load_signal),
+        "state": state.as_dict(),
+    }
+    try:
+        d = decide(policy, group, state, Hints(), now, cost_model)
+        report.update(choice=d.pool, reason=d.reason)
+        accept = d.state.accept.ewma
+    except NoHealthyPool:
+        report.update(choice=None, reason="no_healthy_server")
+        accept = state.accept.ewma
+    report["accept_length"] = accept
+    if cost_model is not None:
+        # the predictions use the live average, else the model's nominal accept length
+        used = accept if accept is not None else cost_model.nominal_accept_length
+        report["accept_length_used"] = used
+        report["nominal_accept_length"] = cost_model.nominal_accept_length
+        preds = cost_model.predictions(report["load"] + 1, used)
+        report["predictions"] = {p: v.as_dict() for p, v in preds.items()}
+        report["crossover"] = cost_model.crossover(used)
+    return report
