@@ -1,6 +1,6 @@
 """Admin API: `GET/PUT/PATCH /policy` and `GET /policy/history`.
 
-GETs are open (it shows the policy and the live view, never a secret). Writes need
+GETs are open (they show the policy, its history and the live view, never a secret). Writes need
 `Authorization: Bearer <admin token>`, compared in constant time; with no token
 configured they are refused outright (403), so a router is never left writable by
 accident. The checks run cheapest first and before the body is parsed: token configured

@@ -1,10 +1,9 @@
 """The parametric step costs behind the `seed-coding` profile, and the writer of its table.
 
-The reference deployment (GUIDE.md section 3) is slower than the H200 measurements, and only
-its end-to-end throughputs are known, so its step costs are a formula fitted by hand with
-`python -m specrouter.sim.sweep` until the sweep hit the targets (docs/simulator.md). The
-formula lives here so the shipped `seed-coding-steps.jsonl` can be regenerated and checked:
-`python -m specrouter.sim.seedfit` rewrites it.
+Only the reference deployment's end-to-end throughputs are known (GUIDE.md section 3), so
+its step costs are a formula whose sweep (`python -m specrouter.sim.sweep`) meets those
+targets (docs/simulator.md). The formula lives here so the shipped `seed-coding-steps.jsonl`
+can be regenerated and checked: `python -m specrouter.sim.seedfit` rewrites it.
 """
 
 from __future__ import annotations

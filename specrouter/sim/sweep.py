@@ -4,8 +4,7 @@ behind the shipped profiles (docs/simulator.md) and the calibration tests.
 Clients live in the engine's own event loop and resubmit the moment a request finishes, so
 the engine is never idle for a client's sake. Throughput and latency are both counted in
 GPU-busy simulated seconds, never in real time: at the default clock a simulated step lasts
-microseconds, so event-loop lateness on a loaded CI host would otherwise be read as GPU time
-(CI once read a c=1 latency ratio of 1.21 where an idle host reads 1.13).
+microseconds, so event-loop lateness on a loaded host would otherwise be read as GPU time.
 """
 
 from __future__ import annotations
