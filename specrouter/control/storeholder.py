@@ -58,8 +58,6 @@ class StorePolicyHolder:
         self._pending: tuple[str, WriteKind] | None = None  # (actor, kind) of our own write
         self._audit_task: asyncio.Task[None] | None = None
         self._audit_stale = False  # a change arrived since the audit log was last read
-        self.rejected = 0  # remote documents refused by validation
-        self.conflicts = 0  # writes merged again because another replica wrote first
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -108,7 +106,6 @@ class StorePolicyHolder:
                 record = await self._store.put_policy(policy_doc(new), expected, actor)
             except VersionConflict as conflict:
                 # Another replica won: merge our body onto its policy and try again.
-                self.conflicts += 1
                 if conflict.current is not None:
                     self._on_record(conflict.current)
                 continue
@@ -152,7 +149,6 @@ class StorePolicyHolder:
         self._refresh_history()
 
     def _reject(self, record: PolicyRecord, problem: str) -> None:
-        self.rejected += 1
         log.error("policy version %d from the state store is invalid, keeping version %d "
                   "in force: %s", record.version, self._policy.version, problem)
 
