@@ -8,8 +8,7 @@ Every mistake an operator can make in the backend list is caught here, before a 
 opened, with a message naming the offending entry: a router that starts with a typo in a
 URL would only fail later, on a user's request.
 
-Later features add their own section as one new field of `Settings` (telemetry, health,
-breaker, policy, redis, admin_token); nothing else in this module needs to change.
+A feature adds its own section as one new field of `Settings`.
 """
 
 from __future__ import annotations
@@ -198,8 +197,8 @@ class AdmissionSettings(_Section):
     0 turns it off.
 
     A burst spread wider than the window still leaks requests to EAGLE-3. With
-    `recall_unstarted`, when a group switches to the baseline (threshold and goodput
-    strategies), its EAGLE-3 streams that have not sent their first byte yet are
+    `recall_unstarted`, when a group switches to the baseline (under a strategy that
+    moves whole groups), its EAGLE-3 streams that have not sent their first byte yet are
     cancelled there (SGLang aborts a request whose client left) and sent to the baseline
     pool: no byte has reached the client, so the move is as invisible as a retry.
     Streams only: a non-streamed answer arrives whole at the end, so the router cannot
@@ -231,7 +230,7 @@ class Settings(BaseSettings):
     shutdown: ShutdownSettings = Field(default_factory=ShutdownSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
-    # `load_aware` is the product; `prefer_eagle` is the simple router of the proxy core.
+    # `prefer_eagle`: the load-aware router starting in policy mode `eagle`.
     router: Literal["load_aware", "prefer_eagle"] = "load_aware"
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
@@ -243,14 +242,14 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     # Policy write bodies are tiny: anything bigger is refused before parsing.
     admin_max_body_bytes: int = Field(default=64 * 1024, gt=0)
-    # Shared state of router replicas (issue 5): SPECROUTER_REDIS_URL, redis:// or rediss://,
+    # Shared state of router replicas: SPECROUTER_REDIS_URL, redis:// or rediss://,
     # credentials in the URL. None: the in-memory store, this process alone.
     redis_url: SecretStr | None = None
     # uvicorn worker processes (`serve --workers`); more than one needs redis_url.
     workers: int = Field(default=1, ge=1, le=256)
     # Key prefix, TTL and intervals of the store (StateSettings without redis_url).
     state: StateSettings = Field(default_factory=StateSettings)
-    # Cost models of the `goodput` strategy (issue 9): `cost_model` for every group,
+    # Cost models of the `goodput` strategy: `cost_model` for every group,
     # `cost_models` per group (wins over `cost_model`). Read and checked at start-up.
     cost_model: CostModelSource | None = None
     cost_models: dict[str, CostModelSource] = Field(default_factory=dict)

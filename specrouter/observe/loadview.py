@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-Pool = Literal["eagle", "baseline"]
-LoadSignal = Literal["inflight", "engine", "max"]
-POOLS: tuple[Pool, Pool] = ("eagle", "baseline")
+from specrouter.backends import POOLS, Pool
 
-#: Telemetry older than this many poll intervals is ignored (issue 4).
+LoadSignal = Literal["inflight", "engine", "max"]
+
+#: Telemetry older than this many poll intervals is ignored.
 STALE_AFTER_INTERVALS = 3.0
 #: The accept length moves with the workload over seconds, not milliseconds, and may
 #: come from a slower side channel (/server_info): a reading stays usable this long.
@@ -105,9 +105,6 @@ class GroupView:
         """Sum over all the group's servers: they share one GPU, healthy or not."""
         return sum(b.load(signal) for b in self.backends)
 
-    def pool_load(self, pool: Pool, signal: LoadSignal) -> float:
-        return sum(b.load(signal) for b in self.servers(pool))
-
     def eagle_accept(self) -> tuple[float | None, float | None]:
         """(accept length, when it was received) of the freshest EAGLE server reading."""
         b = self._freshest_accept()
@@ -161,8 +158,7 @@ class BackendLoad:
         The engine takes its snapshot somewhere between the poll's sending and its answer,
         so `inflight_at_sample` is the larger of the counts at those two moments: a
         request that ended while the poll was on the wire is still in the engine's count
-        and must not stay in the load as a phantom (it sent seed-coding's c=1, threshold
-        0.67, to the baseline for 2 requests of 8). Erring low instead only hides a
+        and must not stay in the load as a phantom. Erring low instead only hides a
         request dispatched during the round trip from the engine part until the next
         poll, and the router's own in-flight count, exact, still counts it.
         """

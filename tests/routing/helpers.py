@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specrouter.observe.loadview import BackendView, GroupView, Pool
+from specrouter.backends import Pool
+from specrouter.observe.loadview import BackendView, GroupView
 
 
 def backend(
