@@ -3,8 +3,8 @@ while its connection is being opened must not go on without it.
 
 A real loopback HTTP server (asyncio) answers; the only seam is the event loop's
 `create_connection`, wrapped so that the caller is cancelled at the instant the connection
-completes, the race Python 3.11's `asyncio.wait_for` loses (it returns the connection and
-drops the cancel: the request then went out with nobody left to read or close it).
+completes: the race Python 3.11's `asyncio.wait_for` loses (it can return the connection and
+drop the cancel, and the request would go out with nobody left to read or close it).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from specrouter.config import TimeoutSettings, UpstreamSettings
-from specrouter.proxy.upstream import NativeUpstream
+from specrouter.proxy.transports.native import NativeUpstream
 from specrouter.routing.router import Backend
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"

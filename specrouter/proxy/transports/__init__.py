@@ -1,0 +1,2 @@
+"""HTTP clients behind `specrouter.proxy.upstream.Upstream`: `native` (the default) and
+`httpx`, chosen by `upstream.transport`."""

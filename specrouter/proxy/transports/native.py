@@ -1,0 +1,360 @@
+"""The native transport: a small HTTP/1.1 client built for relaying.
+
+asyncio protocols, httptools (llhttp, the parser uvicorn uses) for responses, and a LIFO
+list of idle keep-alive connections per backend. Checking a connection out or in is O(1);
+per body chunk the cost is one parser callback and one list append. It speaks only what
+the router needs: one request per connection at a time, bodies sent whole, responses
+streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from collections.abc import AsyncIterator
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from specrouter.config import TimeoutSettings, UpstreamSettings
+from specrouter.proxy.upstream import (
+    RawHeaders,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from specrouter.routing.router import Backend
+
+_HIGH_WATER = 1 << 20  # buffered response bytes before reading from the backend pauses
+
+
+class Connection(asyncio.Protocol):
+    """One TCP connection to a backend and the state of its current exchange."""
+
+    def __init__(self, connections: ConnectionPool) -> None:
+        self._connections = connections
+        self._loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: RawHeaders = []
+        self._head: asyncio.Future[None] | None = None
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: UpstreamError | None = None
+        self._complete = False
+        self._keep_alive = False
+        self._close_delimited = True
+        self._head_only = False
+        self._paused = False
+        self._last_activity = 0.0
+        self._timeout = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_activity = self._loop.time()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamError(f"bad HTTP response from backend: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # let the transport close; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self._connections.forget(self)
+        if self._complete or self._head is None:
+            return
+        if not self._head.done():
+            self._fail(UpstreamUnreachable("backend closed the connection before answering"))
+        elif self._close_delimited:
+            self._finish()  # a body without length or chunking ends with the connection
+        else:
+            self._fail(UpstreamError("backend closed the connection mid-response"))
+
+    # httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+        lower = name.lower()
+        if lower == b"content-length" or lower == b"transfer-encoding":
+            self._close_delimited = False
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()
+        if self.status in (204, 304) or 100 <= self.status < 200:
+            self._close_delimited = False
+        if self._head is not None and not self._head.done():
+            self._head.set_result(None)
+        if self._head_only:
+            # The answer to HEAD has no body whatever its headers say; llhttp cannot be
+            # told, so end the exchange here and never reuse the connection.
+            self._keep_alive = False
+            self._finish()
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self._finish()
+
+    # the exchange
+
+    def send_request(
+        self, data: bytes, timeout: float, head_only: bool = False
+    ) -> asyncio.Future[None]:
+        """Write the request; the returned future resolves when the response head arrived."""
+        self._reset()
+        self._head_only = head_only
+        self._head = self._loop.create_future()
+        if self.closed:
+            self._head.set_exception(UpstreamUnreachable("backend closed the connection"))
+            return self._head
+        self._timeout = timeout
+        self._last_activity = self._loop.time()
+        self._timer = self._loop.call_later(timeout, self._check_idle)
+        assert self.transport is not None
+        self.transport.write(data)
+        return self._head
+
+    async def iter_body(self) -> AsyncIterator[bytes]:
+        while True:
+            if self._chunks:
+                # Chunks that arrived while the consumer was busy go out together: one
+                # write to the client instead of several, and nothing waits longer.
+                chunks, self._chunks = self._chunks, []
+                self._buffered = 0
+                if self._paused and self.transport is not None and not self.closed:
+                    self._paused = False
+                    self.transport.resume_reading()
+                yield chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                continue
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                return
+            self._waiter = self._loop.create_future()
+            await self._waiter
+
+    @property
+    def reusable(self) -> bool:
+        return self._complete and self._keep_alive and not self.closed and self._error is None
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+    def _finish(self) -> None:
+        self._complete = True
+        self._cancel_timer()
+        self._wake()
+
+    def _fail(self, error: UpstreamError) -> None:
+        if self._complete or self._error is not None:
+            return
+        self._error = error
+        self._cancel_timer()
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _check_idle(self) -> None:
+        """One timer per exchange, re-armed lazily: cheaper than resetting it per chunk."""
+        idle = self._loop.time() - self._last_activity
+        if idle < self._timeout:
+            self._timer = self._loop.call_later(self._timeout - idle, self._check_idle)
+            return
+        self._timer = None
+        self._fail(UpstreamTimeout(f"no data from backend for {self._timeout:g}s"))
+        self.close()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class ConnectionPool:
+    """Keep-alive connections to one backend: LIFO idle list and a cap on open ones."""
+
+    def __init__(self, url: str, max_connections: int, max_idle: int, connect_timeout: float):
+        parts = urlsplit(url)
+        self.secure = parts.scheme == "https"
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or (443 if self.secure else 80)
+        self.prefix = parts.path.rstrip("/").encode()
+        default_port = (self.secure and self.port == 443) or (not self.secure and self.port == 80)
+        self.host_header = (parts.netloc.rpartition("@")[2] if not default_port
+                            else self.host).encode()
+        self._ssl = ssl.create_default_context() if self.secure else None
+        self._max_connections = max_connections
+        self._max_idle = max_idle
+        self._connect_timeout = connect_timeout
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()
+        self._connecting = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> tuple[Connection, bool]:
+        """A connection (and whether it was reused), opening one if none is idle."""
+        while True:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn, True
+            if len(self._open) + self._connecting < self._max_connections:
+                return await self.connect(), False
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    await waiter
+            except TimeoutError:
+                raise UpstreamUnreachable(
+                    f"all {self._max_connections} connections to the backend are busy"
+                ) from None
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    async def connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        self._connecting += 1
+        try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can return a connection
+            # that completed as its caller was cancelled, swallowing the cancel, and the
+            # request would go out with nobody left to read or close it.
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(self), self.host, self.port, ssl=self._ssl,
+                    server_hostname=self.host if self._ssl else None,
+                )
+        except TimeoutError:
+            raise UpstreamUnreachable(
+                f"connect to {self.host}:{self.port} timed out after {self._connect_timeout:g}s"
+            ) from None
+        except OSError as exc:
+            raise UpstreamUnreachable(f"connect to {self.host}:{self.port} failed: {exc}") from exc
+        finally:
+            self._connecting -= 1
+            self._wake_one()
+        self._open.add(conn)
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        if conn.reusable and len(self._idle) < self._max_idle:
+            self._idle.append(conn)
+        else:
+            conn.close()
+        self._wake_one()
+
+    def forget(self, conn: Connection) -> None:
+        """The connection is gone (closed by either side)."""
+        self._open.discard(conn)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    async def aclose(self) -> None:
+        for conn in list(self._open):
+            conn.close()
+        self._idle.clear()
+
+
+class NativeResponse:
+    __slots__ = ("_conn", "_connections", "_released", "headers", "status")
+
+    def __init__(self, conn: Connection, connections: ConnectionPool) -> None:
+        self._conn = conn
+        self._connections = connections
+        self._released = False
+        self.status = conn.status
+        self.headers: RawHeaders = conn.headers
+
+    def iter_raw(self) -> AsyncIterator[bytes]:
+        return self._conn.iter_body()
+
+    async def aclose(self) -> None:
+        if not self._released:
+            self._released = True
+            self._connections.release(self._conn)  # closes the connection unless fully read
+
+
+class NativeUpstream:
+    """The default transport: one ConnectionPool to the backend's URL."""
+
+    def __init__(
+        self, backend: Backend, timeouts: TimeoutSettings, upstream: UpstreamSettings
+    ) -> None:
+        self._connections = ConnectionPool(
+            backend.url, upstream.max_connections_per_backend, upstream.max_idle_per_backend,
+            timeouts.connect)
+        self._stream_timeout = timeouts.first_byte
+        self._total_timeout = timeouts.total
+
+    async def open(
+        self, method: str, path: str, headers: RawHeaders, body: bytes, *, stream: bool
+    ) -> NativeResponse:
+        connections = self._connections
+        parts = [method.encode(), b" ", connections.prefix, path.encode("latin-1"),
+                 b" HTTP/1.1\r\nhost: ", connections.host_header, b"\r\n"]
+        for key, value in headers:
+            parts += (key, b": ", value, b"\r\n")
+        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body)
+        data = b"".join(parts)
+        timeout = self._stream_timeout if stream else self._total_timeout
+        head_only = method == "HEAD"
+        conn, reused = await connections.acquire()
+        try:
+            await conn.send_request(data, timeout, head_only)
+        except UpstreamUnreachable:
+            conn.close()
+            if not reused:
+                raise
+            # A keep-alive connection the backend closed as we reused it: the request
+            # never reached it, so one fresh connection is tried before giving up.
+            conn = await connections.connect()
+            try:
+                await conn.send_request(data, timeout, head_only)
+            except BaseException:
+                conn.close()
+                raise
+        except BaseException:
+            conn.close()  # cancelled (client gone) or failed: never reuse a half exchange
+            raise
+        return NativeResponse(conn, connections)
+
+    async def aclose(self) -> None:
+        await self._connections.aclose()
