@@ -1,0 +1,313 @@
+"""Forwarding: `Proxy` reads a request, a `RequestCycle` carries it to a backend and back.
+
+Lifecycle of one proxied request:
+  read body (413 over the limit, 408 too slow) -> peek (400 if not JSON) ->
+  router.settle -> router.choose -> router.acquire -> upstream.open -> relay ->
+  router.release (always, in `finally`).
+A connection failure or a retryable status before any byte reached the client is tried
+once more on another backend. A recallable stream (`Target.recall`) holds its response
+head until its first byte; a recall before that closes the upstream request and routes
+the request again. While the cycle runs, a watcher task waits for the client to
+disconnect and cancels the cycle, which closes the upstream connection so SGLang aborts
+the request and frees its batch slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from specrouter.config import Settings
+from specrouter.errors import RouterError, openai_error_body
+from specrouter.proxy.recall import Recalled, recallable_chunks, unless_recalled
+from specrouter.proxy.request import (
+    REQUEST_ID,
+    ClientGone,
+    RequestHead,
+    RouteKind,
+    parse_head,
+    path_and_query,
+    read_body,
+    request_id_of,
+    request_info,
+)
+from specrouter.proxy.response import (
+    ended_with_done,
+    is_event_stream,
+    keep_tail,
+    response_headers,
+    send_json,
+    stream_error_trailer,
+    target_headers,
+)
+from specrouter.proxy.shadow import ShadowProber, probe_body
+from specrouter.proxy.upstream import (
+    Upstream,
+    UpstreamError,
+    UpstreamResponse,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from specrouter.routing.router import NoBackendAvailable, Probe, RequestInfo, Router, Target
+
+log = logging.getLogger("specrouter.proxy")
+
+
+class _Retry(Exception):
+    """This attempt failed before the first byte: try another backend."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Proxy:
+    """Forwards requests to the backend the router chooses; shared by all requests."""
+
+    def __init__(
+        self, settings: Settings, router: Router, upstreams: Mapping[str, Upstream]
+    ) -> None:
+        self.router = router
+        self.upstreams = upstreams
+        self.max_body = settings.limits.max_body_bytes
+        self.body_timeout = settings.limits.body_timeout_s
+        self.total_timeout = settings.timeouts.total
+        self.retry = settings.retry.enabled
+        self.retry_statuses = frozenset(settings.retry.retry_statuses)
+        self.prober = ShadowProber(router, upstreams, settings.timeouts.total)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
+        try:
+            head = parse_head(scope)
+            # A client trickling its body must not hold the request (and its memory) forever.
+            async with asyncio.timeout(self.body_timeout):
+                body = await read_body(receive, head.content_length, self.max_body)
+            info = request_info(kind, scope["path"], body, head)
+        except RouterError as err:
+            await send_json(send, err.status, err.body(), [(REQUEST_ID, request_id_of(scope))])
+            return
+        except ClientGone:
+            return
+        except TimeoutError:
+            late = RouterError(408, f"request body not received within {self.body_timeout:g} s")
+            await send_json(send, late.status, late.body(), [(REQUEST_ID, request_id_of(scope)),
+                                                             (b"connection", b"close")])
+            return
+        await RequestCycle(self, scope, send, head, body, info).run(receive)
+
+
+class RequestCycle:
+    """One proxied request, from the router's first `choose` to the last byte sent.
+
+    `finished` is set just before the final response message goes out: from then on a
+    client disconnect no longer cancels the cycle. `client_gone` says the watcher did.
+    """
+
+    __slots__ = ("body", "client_gone", "finished", "head", "info", "method", "path",
+                 "proxy", "router", "send")
+
+    def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
+                 body: bytes, info: RequestInfo) -> None:
+        self.proxy = proxy
+        self.router = proxy.router
+        self.send = send
+        self.head = head
+        self.body = body
+        self.info = info
+        self.method: str = scope["method"]
+        self.path = path_and_query(scope)
+        self.client_gone = False
+        self.finished = False
+
+    async def run(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, task))
+        try:
+            await self._forward()
+        except asyncio.CancelledError:
+            # Our own watcher cancelled us because the client left: the upstream is
+            # already closed by the `finally` blocks below; nothing more to answer.
+            if self.client_gone and task.uncancel() == 0:
+                return
+            raise
+        finally:
+            self.finished = True
+            watcher.cancel()
+
+    async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        """Cancel the request's task the moment the client goes away."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not self.finished:
+                    self.client_gone = True
+                    task.cancel()
+                return
+
+    async def _forward(self) -> None:
+        """Choose, attempt, and on a retryable failure or a recall choose again."""
+        tried: frozenset[str] = frozenset()
+        failed: _Retry | None = None
+        burst_ahead = await self.router.settle(self.info)
+        if burst_ahead:
+            self.info = replace(self.info, burst_ahead=burst_ahead)
+        while True:
+            try:
+                target = self.router.choose(
+                    replace(self.info, exclude=tried) if tried else self.info)
+            except NoBackendAvailable as exc:
+                err = (RouterError(503, str(exc), code="no_backend") if failed is None
+                       else RouterError(failed.status, failed.message))
+                await self._refuse(err)
+                return
+            except RouterError as err:  # the router refused the request (e.g. a bad header)
+                await self._refuse(err)
+                return
+            if target.probe is not None:
+                self._send_probe(target.probe)
+            may_retry = self.proxy.retry and not tried
+            self.router.acquire(target)
+            try:
+                await self._attempt(target, may_retry)
+                return
+            except _Retry as retry:
+                tried, failed = tried | {target.backend.name}, retry
+                log.info("request %s: retrying after %s", self.head.request_id.decode(),
+                         retry.message)
+            except Recalled:
+                self.info = replace(self.info, recalled=True)
+                log.info("request %s: recalled from %s before its first byte",
+                         self.head.request_id.decode(), target.backend.name)
+            finally:
+                self.router.release(target)
+
+    def _send_probe(self, probe: Probe) -> None:
+        shadow = probe_body(self.path, self.body, probe.max_tokens)
+        if shadow is None:
+            return
+        # Its own request id, so the engine's logs never mix it up with the client's.
+        headers = self.head.upstream_headers(probe.target.backend,
+                                             self.head.request_id + b"-probe")
+        self.proxy.prober.send(probe.target, self.path, headers, shadow)
+
+    async def _attempt(self, target: Target, may_retry: bool) -> None:
+        name = target.backend.name
+        upstream = self.proxy.upstreams[name]
+        try:
+            response = await unless_recalled(upstream.open(
+                self.method, self.path, self.head.upstream_headers(target.backend), self.body,
+                stream=self.info.stream,
+            ), target.recall)
+        except UpstreamUnreachable as exc:
+            self.router.record_outcome(name, False, str(exc))
+            message = f"backend {name} unreachable: {exc}"
+            if may_retry and self._has_alternative(target):
+                raise _Retry(502, message) from exc
+            await self._fail(target, 502, message)
+            return
+        except UpstreamTimeout as exc:
+            self.router.record_outcome(name, False, str(exc))
+            await self._fail(target, 504, f"backend {name} timed out: {exc}")
+            return
+        except UpstreamError as exc:
+            self.router.record_outcome(name, False, str(exc))
+            await self._fail(target, 502, f"backend {name} failed: {exc}")
+            return
+        try:
+            status = response.status
+            if (status in self.proxy.retry_statuses and may_retry
+                    and self._has_alternative(target)):
+                self.router.record_outcome(name, False, f"HTTP {status}")
+                raise _Retry(status, f"backend {name} answered HTTP {status}")
+            if is_event_stream(response.headers):
+                error = await self._relay_stream(response, target)
+            else:
+                error = await self._relay_buffered(response, target)
+            if error is None and status >= 500:
+                error = f"HTTP {status}"
+            self.router.record_outcome(name, error is None, error)
+        finally:
+            await response.aclose()
+
+    def _has_alternative(self, target: Target) -> bool:
+        """Whether a retry could land anywhere: without one, answer the first failure."""
+        name = target.backend.name
+        return any(b.name != name and self.router.healthy(b.name) for b in self.router.backends)
+
+    async def _refuse(self, err: RouterError) -> None:
+        self.finished = True
+        await send_json(self.send, err.status, err.body(), [(REQUEST_ID, self.head.request_id)])
+
+    async def _fail(self, target: Target, status: int, message: str) -> None:
+        log.warning("request %s: %s", self.head.request_id.decode(), message)
+        self.finished = True
+        body = openai_error_body(status, message)
+        await send_json(self.send, status, body, target_headers(target, self.head.request_id))
+
+    async def _relay_stream(self, response: UpstreamResponse, target: Target) -> str | None:
+        """Pass SSE chunks through as they arrive; end a broken stream with an error event.
+        Returns what went wrong upstream, if anything. A recallable stream sends its head
+        with its first byte, and raises Recalled if the router recalls it before that."""
+        headers = response_headers(response.headers, target, self.head.request_id)
+        start = {"type": "http.response.start", "status": response.status, "headers": headers}
+        send = self.send
+        started = target.recall is None
+        if started:
+            await send(start)
+        tail = b""
+        error: str | None = None
+        code = 502
+        try:
+            chunks = (response.iter_raw() if target.recall is None
+                      else recallable_chunks(response, target.recall))
+            async for chunk in chunks:
+                if not chunk:
+                    continue
+                if not started:
+                    await send(start)
+                    started = True
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                tail = keep_tail(tail, chunk)
+        except UpstreamTimeout as exc:
+            error, code = f"backend went silent: {exc}", 504
+        except UpstreamError as exc:
+            error = f"backend stream failed: {exc}"
+        else:
+            if not ended_with_done(tail):
+                error = "backend closed the stream before [DONE]"
+        trailer = b"" if error is None else stream_error_trailer(target, tail, error, code)
+        self.finished = True
+        if not started:
+            await send(start)
+        await send({"type": "http.response.body", "body": trailer, "more_body": False})
+        return error
+
+    async def _relay_buffered(self, response: UpstreamResponse, target: Target) -> str | None:
+        """A non-SSE body: read it whole (bounded by `total`), so a failure while reading
+        can still be answered with a proper status instead of a truncated body."""
+        name = target.backend.name
+        try:
+            async with asyncio.timeout(self.proxy.total_timeout):
+                chunks = [chunk async for chunk in response.iter_raw()]
+        except (UpstreamTimeout, TimeoutError) as exc:
+            message = f"backend {name} timed out: {exc or 'total timeout'}"
+            await self._fail(target, 504, message)
+            return message
+        except UpstreamError as exc:
+            message = f"backend {name} failed: {exc}"
+            await self._fail(target, 502, message)
+            return message
+        body = b"".join(chunks)
+        headers = response_headers(response.headers, target, self.head.request_id, len(body))
+        self.finished = True
+        await self.send({"type": "http.response.start", "status": response.status,
+                         "headers": headers})
+        await self.send({"type": "http.response.body", "body": body, "more_body": False})
+        return None

@@ -1,0 +1,62 @@
+"""Recall: an attempt the router takes back before its first byte (`Target.recall`).
+
+Until the first non-empty chunk, setting the recall event cancels the attempt's upstream
+work, which closes its connection so SGLang aborts the request, and raises `Recalled`:
+the proxy then routes the request again. After the first byte a recall has no effect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
+
+from specrouter.proxy.upstream import UpstreamResponse
+
+_T = TypeVar("_T")
+
+
+class Recalled(Exception):
+    """The router recalled this attempt before its first byte: route the request again."""
+
+
+async def unless_recalled(work: Awaitable[_T], recall: asyncio.Event | None) -> _T:
+    """`await work`, unless `recall` is set first: then `work` is cancelled and Recalled
+    is raised. A result that is ready when the recall comes wins, and so does one that
+    `work` returned while being cancelled: it is the caller's to close (a response then
+    meets the recall at its first chunk)."""
+    if recall is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    recalled = asyncio.ensure_future(recall.wait())
+    try:
+        await asyncio.wait((task, recalled), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        recalled.cancel()
+        if not task.done():  # recalled, or this request was cancelled (client gone)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if task.cancelled() or (recall.is_set() and task.exception() is not None):
+        raise Recalled
+    return task.result()
+
+
+async def recallable_chunks(response: UpstreamResponse, recall: asyncio.Event
+                            ) -> AsyncIterator[bytes]:
+    """The response's chunks; until the first non-empty one, a recall raises Recalled."""
+    chunks = response.iter_raw()
+    first = await unless_recalled(_first_chunk(chunks), recall)
+    if first is None:
+        return
+    yield first
+    async for chunk in chunks:
+        yield chunk
+
+
+async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
+    async for chunk in chunks:
+        if chunk:
+            return chunk
+    return None

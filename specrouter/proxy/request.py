@@ -1,0 +1,172 @@
+"""What the proxy reads from a client's request: the head, split once into what forwarding
+needs, and the body, read whole (bounded) and peeked for `model` and `stream` without
+building the message list. The body itself is forwarded untouched."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.types import Receive, Scope
+
+from specrouter.config import Pool
+from specrouter.errors import RouterError
+from specrouter.proxy.upstream import RawHeaders
+from specrouter.routing.router import Backend, RequestInfo
+
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",
+    b"te", b"trailer", b"trailers", b"transfer-encoding", b"upgrade",
+})
+# The transport writes host and content-length itself, our server answers `expect`, and
+# `authorization` is replaced per backend (`RequestHead.upstream_headers`).
+_NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
+REQUEST_ID = b"x-request-id"
+POOL_HEADER = b"x-specrouter-pool"
+
+
+class RouteKind(enum.Enum):
+    GENERATE = "generate"  # JSON body with model/stream; the routing decision matters
+    INFO = "info"  # cheap per-server GET (model_info, server_info)
+    OTHER_V1 = "other_v1"  # everything else under /v1: the baseline pool, bytes as-is
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """The client's request headers, split once into what forwarding needs."""
+
+    forward: RawHeaders
+    authorization: bytes | None
+    request_id: bytes
+    content_length: int | None
+    pool_header: str | None
+
+    def upstream_headers(self, backend: Backend, request_id: bytes | None = None) -> RawHeaders:
+        """Headers for one backend: its own API key replaces the client's credentials;
+        `request_id` replaces the client's id (a shadow probe carries its own)."""
+        headers = list(self.forward)
+        if backend.api_key is not None:
+            headers.append((b"authorization", b"Bearer " + backend.api_key.encode()))
+        elif self.authorization is not None:
+            headers.append((b"authorization", self.authorization))
+        headers.append((REQUEST_ID, request_id if request_id is not None else self.request_id))
+        return headers
+
+
+def parse_head(scope: Scope) -> RequestHead:
+    forward: RawHeaders = []
+    authorization = request_id = content_length = pool_header = None
+    connection_tokens: frozenset[bytes] = frozenset()
+    for key, value in scope["headers"]:
+        if key in _NOT_FORWARDED:
+            if key == b"authorization":
+                authorization = value
+            elif key == b"content-length":
+                content_length = value
+            elif key == b"connection":
+                connection_tokens = frozenset(t.strip().lower() for t in value.split(b","))
+            continue
+        if key == REQUEST_ID:
+            request_id = value
+            continue
+        if key == POOL_HEADER:
+            pool_header = value.decode("latin-1")
+        forward.append((key, value))
+    if connection_tokens:
+        forward = [(k, v) for k, v in forward if k not in connection_tokens]
+    return RequestHead(
+        forward=forward,
+        authorization=authorization,
+        request_id=valid_request_id(request_id),
+        content_length=_parse_length(content_length),
+        pool_header=pool_header,
+    )
+
+
+def valid_request_id(value: bytes | None) -> bytes:
+    """The client's id if it is a sane token, else a fresh one (ids end up in logs)."""
+    if value and len(value) <= 128 and all(33 <= c < 127 for c in value):
+        return value
+    return uuid.uuid4().hex.encode()
+
+
+def request_id_of(scope: Scope) -> bytes:
+    """The request's id without parsing the rest of its head."""
+    for key, value in scope["headers"]:
+        if key == REQUEST_ID:
+            return valid_request_id(value)
+    return valid_request_id(None)
+
+
+def _parse_length(value: bytes | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise RouterError(400, "invalid Content-Length header") from None
+
+
+def path_and_query(scope: Scope) -> str:
+    raw: bytes = scope.get("raw_path") or scope["path"].encode()
+    path = raw.decode("latin-1")
+    query: bytes = scope.get("query_string", b"")
+    return f"{path}?{query.decode('latin-1')}" if query else path
+
+
+async def read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
+    """The whole request body, refused with 413 as soon as it exceeds `limit`."""
+    if declared is not None and declared > limit:
+        raise RouterError(413, f"request body of {declared} bytes exceeds the {limit} byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise RouterError(413, f"request body exceeds the {limit} byte limit")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _Peek(BaseModel):
+    """The only two fields the router reads; everything else is skipped while parsing."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: Any = None
+    stream: Any = None
+
+
+def _peek(body: bytes) -> _Peek:
+    if not body:
+        raise RouterError(400, "request body is empty: expected a JSON object")
+    try:
+        return _Peek.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        if error["type"] == "model_type":
+            raise RouterError(400, "request body must be a JSON object") from None
+        raise RouterError(400, f"request body is not valid JSON: {error['msg']}") from None
+
+
+def request_info(kind: RouteKind, path: str, body: bytes, head: RequestHead) -> RequestInfo:
+    """What routing sees of the request; a generation body that is not a JSON object is
+    refused here with 400."""
+    if kind is RouteKind.GENERATE:
+        peek = _peek(body)
+        model = peek.model if isinstance(peek.model, str) else None
+        return RequestInfo(path, model, peek.stream is True, None, head.pool_header)
+    pool: Pool | None = "baseline" if kind is RouteKind.OTHER_V1 else None
+    return RequestInfo(path, None, False, pool, head.pool_header)

@@ -1,0 +1,80 @@
+"""What the proxy sends back: the backend's headers filtered and ours added, the JSON
+answers it makes itself, and the error event that ends a broken stream."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from starlette.types import Send
+
+from specrouter.errors import JSON_HEADERS, sse_error_event
+from specrouter.proxy.request import HOP_BY_HOP, POOL_HEADER, REQUEST_ID
+from specrouter.proxy.upstream import RawHeaders
+from specrouter.routing.router import Target
+
+log = logging.getLogger("specrouter.proxy")
+
+# Our server writes its own date and server lines; content-length is always ours.
+_NOT_RELAYED = HOP_BY_HOP | {b"date", b"server", b"content-length", REQUEST_ID}
+STREAM_TAIL = 32  # bytes of a stream kept to check that it ended with `data: [DONE]`
+
+
+def target_headers(target: Target, request_id: bytes) -> RawHeaders:
+    return [
+        (POOL_HEADER, target.pool.encode()),
+        (b"x-specrouter-backend", target.backend.name.encode()),
+        (b"x-specrouter-reason", target.reason.encode()),
+        (REQUEST_ID, request_id),
+    ]
+
+
+def response_headers(
+    upstream: RawHeaders, target: Target, request_id: bytes, content_length: int | None = None
+) -> RawHeaders:
+    """Upstream headers minus hop-by-hop ones, plus ours: `content_length` for a buffered
+    body, none (chunked) for a stream, which may gain an error event the upstream never
+    sent."""
+    headers: RawHeaders = []
+    for key, value in upstream:
+        lower = key.lower()
+        if lower not in _NOT_RELAYED:
+            headers.append((lower, value))
+    if content_length is not None:
+        headers.append((b"content-length", str(content_length).encode()))
+    headers.extend(target_headers(target, request_id))
+    return headers
+
+
+def is_event_stream(headers: RawHeaders) -> bool:
+    for key, value in headers:
+        if key.lower() == b"content-type":
+            return value.lower().startswith(b"text/event-stream")
+    return False
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, extra_headers: Sequence[tuple[bytes, bytes]] = ()
+) -> None:
+    headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()), *extra_headers]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def keep_tail(tail: bytes, chunk: bytes) -> bytes:
+    """The last STREAM_TAIL bytes of the stream after `chunk`."""
+    return chunk[-STREAM_TAIL:] if len(chunk) >= STREAM_TAIL else (tail + chunk)[-STREAM_TAIL:]
+
+
+def ended_with_done(tail: bytes) -> bool:
+    return tail.rstrip().endswith(b"data: [DONE]")
+
+
+def stream_error_trailer(target: Target, tail: bytes, message: str, code: int) -> bytes:
+    """The error event that ends a broken stream, after what the client already got."""
+    name = target.backend.name
+    log.warning("stream from %s broke: %s", name, message)
+    event = sse_error_event(f"{message} (backend {name})", code=code)
+    # A cut inside an event would glue our event onto it; end that line first.
+    at_boundary = not tail or tail.endswith((b"\n\n", b"\r\n\r\n"))
+    return event if at_boundary else b"\n\n" + event
