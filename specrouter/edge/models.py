@@ -9,12 +9,12 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from specrouter.backends import Backend
 from specrouter.errors import openai_error_body
 from specrouter.proxy.forward import Proxy
 from specrouter.proxy.request import REQUEST_ID, RequestHead, parse_head
 from specrouter.proxy.response import send_json
 from specrouter.proxy.upstream import UpstreamError
-from specrouter.routing.router import Backend
 
 
 class ModelsRoute:

@@ -12,10 +12,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.types import Receive, Scope
 
-from specrouter.config import Pool
+from specrouter.backends import Backend, Pool
 from specrouter.errors import RouterError
 from specrouter.proxy.upstream import RawHeaders
-from specrouter.routing.router import Backend, RequestInfo
+from specrouter.routing.router import RequestInfo
 
 HOP_BY_HOP = frozenset({
     b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization",

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
+from specrouter.backends import Backend
 from specrouter.config import TimeoutSettings, UpstreamSettings
-from specrouter.routing.router import Backend
 
 RawHeaders = list[tuple[bytes, bytes]]
 

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from specrouter.backends import Backend
 from specrouter.config import TimeoutSettings, UpstreamSettings
 from specrouter.proxy.upstream import (
     RawHeaders,
@@ -13,7 +14,6 @@ from specrouter.proxy.upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from specrouter.routing.router import Backend
 
 
 class HttpxResponse:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from specrouter.backends import Backend
 from specrouter.config import TimeoutSettings, UpstreamSettings
 from specrouter.proxy.upstream import (
     RawHeaders,
@@ -25,7 +26,6 @@ from specrouter.proxy.upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from specrouter.routing.router import Backend
 
 _HIGH_WATER = 1 << 20  # buffered response bytes before reading from the backend pauses
 

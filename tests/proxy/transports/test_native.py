@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from specrouter.backends import Backend
 from specrouter.config import TimeoutSettings, UpstreamSettings
 from specrouter.proxy.transports.native import NativeUpstream
-from specrouter.routing.router import Backend
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
