@@ -9,10 +9,10 @@ An `api_key=` may be given there too, but the command line is visible to every u
 the host: prefer the config file or `SPECROUTER_BACKENDS` for keys (and
 `SPECROUTER_REDIS_URL` for a Redis password).
 
-`--workers N` runs N uvicorn worker processes sharing one listening socket. Each worker
+`--workers N` runs N uvicorn worker processes sharing one listening socket. Every process
 builds its own app (`app_from_env`, an import-string factory, which is what uvicorn's
 multi-process mode needs) from the same config file and CLI flags, handed over in the
-`SPECROUTER_SERVE_SOURCE` environment variable; the workers share policy and load through
+`SPECROUTER_SERVE_SOURCE` environment variable; workers share policy and load through
 Redis, so more than one worker without a Redis URL is refused.
 """
 
@@ -32,12 +32,11 @@ from typing import Any
 import uvicorn
 
 from specrouter.config import ConfigError, Settings, load_settings, parse_backend_spec
-from specrouter.edge import guard
-from specrouter.edge.app import Lifecycle
+from specrouter.edge import Lifecycle, guard
 
 log = logging.getLogger("specrouter.commands.serve")
 
-#: How the parent hands the settings' sources to its worker processes.
+#: How `serve` hands the settings' sources to `app_from_env` in each process.
 SOURCE_ENV = "SPECROUTER_SERVE_SOURCE"
 
 BACKEND_METAVAR = "name=N,url=URL,pool=eagle|baseline,group=G[,api_key=K]"
@@ -140,61 +139,10 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         # No X-Forwarded-* rewriting: it would run on every request, and the router
         # does not use the client address.
         proxy_headers=False,
-        # Worker processes get uvicorn's own graceful shutdown (listener closed at once,
-        # open requests waited for); one process drains first (DrainingServer).
+        # Without a drain (`specrouter demo`), uvicorn's own graceful shutdown waits for
+        # requests in progress.
         timeout_graceful_shutdown=max(1.0, settings.shutdown.drain_timeout_s),
     )
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn, with a drain phase before its shutdown.
-
-    On the first SIGTERM/SIGINT the app's `draining` flag is set: `/ready` answers 503 (a
-    load balancer stops sending) and new requests get a 503 in OpenAI format, while the
-    listener stays open so probes still get an answer. Once no request is in progress, or
-    `drain_timeout_s` has passed, uvicorn's own shutdown runs: connections closed, then the
-    lifespan shutdown stops the router (counts released, store closed). A second SIGINT
-    skips the rest of the drain; a repeated SIGTERM does not.
-    """
-
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, drain_timeout_s: float):
-        super().__init__(config)
-        self._lifecycle = lifecycle
-        self._drain_timeout_s = drain_timeout_s
-        self._drain_deadline: float | None = None
-        self._drain_logged = False
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # A signal handler: only set flags here (no logging, no awaiting).
-        if self._drain_timeout_s <= 0:
-            super().handle_exit(sig, frame)
-            return
-        if self._lifecycle.draining:
-            if sig == signal.SIGINT:  # a second Ctrl-C: stop waiting
-                super().handle_exit(sig, frame)
-            return
-        super().handle_exit(sig, frame)  # records the signal, re-raised after shutdown
-        self.should_exit = False
-        self._lifecycle.draining = True
-        self._drain_deadline = time.monotonic() + self._drain_timeout_s
-
-    async def on_tick(self, counter: int) -> bool:
-        if await super().on_tick(counter):
-            return True
-        if self._drain_deadline is None:
-            return False
-        active = self._lifecycle.active
-        if not self._drain_logged:
-            self._drain_logged = True
-            log.info("draining: /ready is 503, new requests refused, %d in progress "
-                     "(up to %.0f s)", active, self._drain_timeout_s)
-        if active == 0:
-            log.info("drained: no request in progress")
-            return True
-        if time.monotonic() >= self._drain_deadline:
-            log.warning("drain timeout: %d request(s) still in progress are cut", active)
-            return True
-        return False
 
 
 def describe(settings: Settings) -> str:
@@ -219,25 +167,23 @@ def _setup_logging(settings: Settings) -> None:
 
 def serve(settings: Settings, config_file: str | None = None,
           overrides: dict[str, Any] | None = None) -> None:
-    """One process, or `settings.workers` worker processes built from the same sources."""
-    from specrouter.assembly import build_product
-
+    """One process, or `settings.workers` worker processes; each builds its app with
+    `app_from_env` from the same sources."""
     _setup_logging(settings)
     log.info("%s", describe(settings))
-    if settings.workers <= 1:
-        product = build_product(settings)
-        config = uvicorn_config(settings, product.asgi)
-        config.timeout_graceful_shutdown = 1  # the drain already waited
-        DrainingServer(config, product.app.lifecycle, settings.shutdown.drain_timeout_s).run()
-        return
     os.environ[SOURCE_ENV] = json.dumps({"config": config_file, "overrides": overrides or {}})
-    uvicorn.run(f"{__name__}:app_from_env", factory=True, workers=settings.workers,
-                **uvicorn_options(settings))
+    options = uvicorn_options(settings)
+    options["timeout_graceful_shutdown"] = 1.0  # the drain already waited
+    if settings.workers <= 1:
+        uvicorn.Server(uvicorn.Config(APP_FACTORY, factory=True, **options)).run()
+    else:
+        uvicorn.run(APP_FACTORY, factory=True, workers=settings.workers, **options)
 
 
 def app_from_env() -> Any:
-    """The app of one worker process (`uvicorn ... --factory`), from the config file and
-    flags its parent put in SPECROUTER_SERVE_SOURCE (already validated by the parent)."""
+    """The app of one process (`uvicorn ... --factory`), from the config file and flags
+    in SPECROUTER_SERVE_SOURCE (already validated by `run`). uvicorn calls it in its event
+    loop after installing its signal handlers, which the drain then wraps."""
     from specrouter.assembly import build_product
 
     source = json.loads(os.environ.get(SOURCE_ENV) or "{}")
@@ -248,18 +194,24 @@ def app_from_env() -> Any:
     return product.asgi
 
 
+APP_FACTORY = f"{__name__}:app_from_env"
 _DRAINS: set[asyncio.Task[None]] = set()  # strong references to running drain tasks
 
 
 def _drain_on_signals(lifecycle: Lifecycle, drain_timeout_s: float) -> None:
-    """The drain of DrainingServer for a uvicorn worker process, whose Server we do not
-    create: its SIGTERM/SIGINT handlers (installed before the app is loaded) are wrapped
-    so that the first signal starts the drain and the worker's own handler runs after it.
-    A repeated SIGTERM (the supervisor forwarding one the process group already got) does
-    not cut the drain short; a second SIGINT does."""
+    """Drain before uvicorn's shutdown.
+
+    The first SIGTERM/SIGINT sets `lifecycle.draining`: `/ready` answers 503 (a load
+    balancer stops sending) and new requests get a 503 in OpenAI format, while the
+    listener stays open so health checks still get an answer. Once no request is in
+    progress, or `drain_timeout_s` has passed, uvicorn's own handler runs: connections
+    closed, then the lifespan shutdown stops the router. A second SIGINT skips the rest of
+    the drain; a repeated SIGTERM (a supervisor forwarding one the process group already
+    got) does not.
+    """
     if drain_timeout_s <= 0:
         return
-    loop = asyncio.get_running_loop()  # called from uvicorn's config.load(), in its loop
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         original = signal.getsignal(sig)
         if callable(original):
