@@ -27,13 +27,11 @@ from specrouter.proxy.forward import Proxy
 from specrouter.proxy.request import RouteKind
 from specrouter.proxy.response import send_json
 from specrouter.proxy.upstream import Upstream, create_upstreams
+from specrouter.routing.arrivals import GENERATION_PATHS
 from specrouter.routing.router import Router
 
 log = logging.getLogger("specrouter.proxy")
 
-#: POST routes whose body is a generation request: the routing decision matters.
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
-_GENERATION = frozenset(GENERATION_PATHS)
 #: Cheap per-server GETs, sent to whichever backend the router picks.
 INFO_PATHS = ("/model_info", "/get_model_info", "/server_info", "/get_server_info")
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -54,7 +52,7 @@ def proxy_routes(proxy: Proxy) -> list[BaseRoute]:
     generate = ProxyRoute(proxy, RouteKind.GENERATE)
     info = ProxyRoute(proxy, RouteKind.INFO)
     return [
-        *(Route(path, generate, methods=["POST"]) for path in GENERATION_PATHS),
+        *(Route(path, generate, methods=["POST"]) for path in sorted(GENERATION_PATHS)),
         Route("/v1/models", ModelsRoute(proxy), methods=["GET"]),
         *(Route(path, info, methods=["GET"]) for path in INFO_PATHS),
         Route("/v1/{rest:path}", ProxyRoute(proxy, RouteKind.OTHER_V1), methods=_ALL_METHODS),
@@ -102,7 +100,7 @@ class SpecRouterApp:
             return
         life.active += 1
         try:
-            if scope["method"] == "POST" and scope["path"] in _GENERATION:
+            if scope["method"] == "POST" and scope["path"] in GENERATION_PATHS:
                 await self._generate(scope, receive, send)
             else:
                 await self.starlette(scope, receive, send)

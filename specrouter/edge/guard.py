@@ -1,13 +1,12 @@
 """uvicorn's httptools protocol with the two limits it lacks: request-head size and time.
 
-uvicorn (0.55) bounds neither: httptools buffers a header of any size, and a connection
-that sends its request head one byte a minute (slowloris), or nothing at all, is kept open
-forever, each one holding a file descriptor and a slot of `limit_concurrency`. This
-protocol counts the bytes of each request head (request line plus headers) and answers
-431 once they pass `max_header_bytes`, and closes a connection whose head is not complete
+httptools buffers a header of any size, and a connection that sends its request head one
+byte a minute (slowloris), or nothing at all, would hold a file descriptor and a slot of
+`limit_concurrency` forever. This protocol answers 431 once a request head (request line
+plus headers) passes `max_header_bytes`, and closes a connection whose head is not complete
 within `header_timeout_s` of its first byte (or of the connection opening). Bodies and
 responses are untouched: a long generation is normal, a long request head never is. Past
-uvicorn's `limit_concurrency` the 503 is in OpenAI format too, like every router error.
+`limit_concurrency` the 503 is in OpenAI format, like every router error.
 """
 
 from __future__ import annotations

@@ -2,17 +2,15 @@
 request.
 
 While the goodput strategy holds a group on the baseline, its EAGLE server decodes
-nothing, so the accept length the router knows is a frozen old reading; a workload
-whose accept length rose again would never win EAGLE-3 back. When the policy asks for
-a probe (`Target.probe`, every `goodput_probe_s`), the proxy sends a copy of the request
-it is routing, cut to a few output tokens and not streamed, to the EAGLE server and
-throws the answer away. The copy, rather than a fixed prompt, because the accept
-length is a property of the live workload (coding prompts accept more than chat); the
-client's own request still goes to the pool the policy chose.
+nothing, so the accept length the router knows would stay frozen and a workload whose
+accept length rose again would never win EAGLE-3 back. When the policy asks for a probe
+(`Target.probe`), the proxy sends a copy of the request it is routing, cut to a few
+output tokens and not streamed, to the EAGLE server and drops the answer. A copy, not a
+fixed prompt, because the accept length is a property of the live workload; the client's
+own request still goes where the policy chose.
 
-The probe counts as in flight on its server while it runs (the load view and the
-"one probe at a time" rule see it) and its outcome feeds passive health like any
-exchange.
+A probe counts as in flight on its server while it runs and its outcome feeds passive
+health like any exchange.
 """
 
 from __future__ import annotations

@@ -1,0 +1,191 @@
+"""The edge in process: its route table, the drain, /v1/models, and one request's cycle
+(retry, recall) against an in-memory router and in-memory backends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+import pytest
+from starlette.types import ASGIApp
+
+from specrouter.backends import Backend
+from specrouter.config import load_settings
+from specrouter.edge import SpecRouterApp, create_app
+from specrouter.proxy.upstream import RawHeaders, UpstreamResponse, UpstreamUnreachable
+from specrouter.routing.arrivals import GENERATION_PATHS
+from specrouter.routing.router import NoBackendAvailable, RequestInfo, Target
+
+BACKENDS = (Backend("e0", "http://e0", "eagle", "g0"), Backend("b0", "http://b0", "baseline", "g0"))
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+class Answer:
+    def __init__(self, body: bytes, headers: RawHeaders) -> None:
+        self.status = 200
+        self.headers = headers
+        self._body = body
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def aclose(self) -> None:
+        pass
+
+
+class FakeBackend:
+    """Answers every request with `body`, or refuses it (`unreachable`), or never answers
+    (`hang`: the request stays open until cancelled)."""
+
+    def __init__(self, body: bytes = b'{"ok": true}', *, unreachable: bool = False,
+                 hang: bool = False) -> None:
+        self.body = body
+        self.unreachable = unreachable
+        self.hang = hang
+        self.paths: list[str] = []
+        self.cancelled = False
+
+    async def open(self, method: str, path: str, headers: RawHeaders, body: bytes, *,
+                   stream: bool) -> UpstreamResponse:
+        self.paths.append(path)
+        if self.unreachable:
+            raise UpstreamUnreachable("connection refused")
+        if self.hang:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled = True
+                raise
+        return Answer(self.body, [(b"content-type", b"application/json"),
+                                  (b"server", b"sglang"), (b"content-length", b"999")])
+
+    async def aclose(self) -> None:
+        pass
+
+
+class ListRouter:
+    """Chooses the first backend not excluded (the baseline after a recall); with
+    `recall_first` the first target of a request comes already recalled."""
+
+    def __init__(self, recall_first: bool = False) -> None:
+        self.recall_first = recall_first
+        self.requests: list[RequestInfo] = []
+        self.outcomes: list[tuple[str, bool]] = []
+        self.held: dict[str, int] = {b.name: 0 for b in BACKENDS}
+
+    @property
+    def backends(self) -> Sequence[Backend]:
+        return BACKENDS
+
+    async def settle(self, request: RequestInfo) -> int:
+        return 0
+
+    def choose(self, request: RequestInfo) -> Target:
+        self.requests.append(request)
+        left = [b for b in BACKENDS if b.name not in request.exclude]
+        if not left:
+            raise NoBackendAvailable("none left")
+        backend = BACKENDS[1] if request.recalled else left[0]
+        recall = None
+        if self.recall_first and not request.recalled:
+            recall = asyncio.Event()
+            recall.set()
+        return Target("g0", backend.pool, backend, "test", recall=recall)
+
+    def acquire(self, target: Target) -> None:
+        self.held[target.backend.name] += 1
+
+    def release(self, target: Target) -> None:
+        self.held[target.backend.name] -= 1
+
+    def record_outcome(self, backend: str, ok: bool, error: str | None = None) -> None:
+        self.outcomes.append((backend, ok))
+
+    def healthy(self, backend: str) -> bool:
+        return True
+
+    def inflight(self, backend: str) -> int:
+        return self.held[backend]
+
+    def details(self) -> dict[str, Any]:
+        return {}
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+def make_app(router: ListRouter, e0: FakeBackend, b0: FakeBackend) -> SpecRouterApp:
+    settings = load_settings(environ={}, overrides={"backends": [
+        {"name": b.name, "url": b.url, "pool": b.pool, "group": b.group} for b in BACKENDS]})
+    return create_app(settings, router, {"e0": e0, "b0": b0})
+
+
+async def call(app: ASGIApp, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+        return await client.request(method, path, **kwargs)
+
+
+@pytest.mark.parametrize("path", sorted(GENERATION_PATHS))
+def test_generation_routes_are_proxied_with_our_headers(path: str) -> None:
+    router, e0 = ListRouter(), FakeBackend()
+    app = make_app(router, e0, FakeBackend())
+    response = asyncio.run(call(app, "POST", path, json=CHAT))
+    assert response.status_code == 200 and response.json() == {"ok": True}
+    assert e0.paths == [path]
+    assert response.headers["x-specrouter-backend"] == "e0"
+    assert response.headers["content-length"] == str(len(response.content))
+    assert "server" not in response.headers
+    # Starlette's route table, behind the hot path, routes them as generations too
+    assert asyncio.run(call(app.starlette, "POST", path, json=CHAT)).status_code == 200
+    assert [(r.model, r.pool) for r in router.requests] == [("m", None), ("m", None)]
+    assert router.held == {"e0": 0, "b0": 0}
+
+
+def test_unreachable_backend_is_retried_on_another() -> None:
+    router, e0, b0 = ListRouter(), FakeBackend(unreachable=True), FakeBackend()
+    response = asyncio.run(call(make_app(router, e0, b0), "POST", "/v1/completions",
+                                json=CHAT))
+    assert response.status_code == 200 and response.headers["x-specrouter-backend"] == "b0"
+    assert router.outcomes == [("e0", False), ("b0", True)]
+    assert [r.exclude for r in router.requests] == [frozenset(), frozenset({"e0"})]
+    assert router.held == {"e0": 0, "b0": 0}
+
+
+def test_a_recall_before_the_first_byte_routes_the_request_again() -> None:
+    router, e0, b0 = ListRouter(recall_first=True), FakeBackend(hang=True), FakeBackend()
+    response = asyncio.run(call(make_app(router, e0, b0), "POST", "/v1/chat/completions",
+                                json=CHAT))
+    assert response.status_code == 200 and response.headers["x-specrouter-backend"] == "b0"
+    assert e0.cancelled  # the upstream request was closed
+    assert [r.recalled for r in router.requests] == [False, True]
+    assert router.held == {"e0": 0, "b0": 0}
+
+
+def test_draining_refuses_new_requests_but_answers_health_checks() -> None:
+    router, e0 = ListRouter(), FakeBackend()
+    app = make_app(router, e0, FakeBackend())
+    app.lifecycle.draining = True
+    refused = asyncio.run(call(app, "POST", "/v1/chat/completions", json=CHAT))
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    assert refused.headers["connection"] == "close"
+    assert asyncio.run(call(app, "GET", "/health")).status_code == 200
+    ready = asyncio.run(call(app, "GET", "/ready"))
+    assert ready.status_code == 503 and ready.json()["draining"] is True
+    assert e0.paths == []
+
+
+def test_models_are_the_union_of_the_backends_lists() -> None:
+    def models(*ids: str) -> bytes:
+        return json.dumps({"data": [{"id": i, "object": "model"} for i in ids]}).encode()
+
+    app = make_app(ListRouter(), FakeBackend(models("a", "b")), FakeBackend(models("b", "c")))
+    response = asyncio.run(call(app, "GET", "/v1/models"))
+    assert response.status_code == 200
+    assert [m["id"] for m in response.json()["data"]] == ["a", "b", "c"]
