@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 Pool = Literal["eagle", "baseline"]
 POOLS: tuple[Pool, Pool] = ("eagle", "baseline")
+#: The header a response names its pool in, and a client may ask for one with.
+POOL_HEADER = "x-specrouter-pool"
 
 
 def other_pool(pool: Pool) -> Pool:

@@ -39,7 +39,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from specrouter.backends import Pool as Pool  # callers: import it from specrouter.backends
+from specrouter.backends import Pool
+from specrouter.errors import describe_validation_error
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.costsource import CostModelSource
@@ -383,7 +384,8 @@ def load_settings(
         with _reading(path):
             return Settings(**dict(overrides or {}))
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+        raise ConfigError("invalid configuration:\n  "
+                          + describe_validation_error(exc, separator="\n  ")) from None
 
 
 def _resolve_config_path(raw: str | Path | None) -> Path | None:
@@ -395,16 +397,6 @@ def _resolve_config_path(raw: str | Path | None) -> Path | None:
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     return path
-
-
-def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem, with the path of the field (`backends.1.url: ...`)."""
-    lines = ["invalid configuration:"]
-    for error in exc.errors(include_url=False, include_input=False):
-        location = ".".join(str(part) for part in error["loc"])
-        message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"  {location}: {message}" if location else f"  {message}")
-    return "\n".join(lines)
 
 
 _BACKEND_KEYS = ("name", "url", "pool", "group", "api_key")

@@ -16,8 +16,7 @@ proxy itself knows nothing about metrics.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -29,6 +28,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from specrouter.routing.report import LiveMetrics
+
 PREFIX = "specrouter"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                    60.0, 120.0, 300.0)
@@ -36,30 +37,6 @@ BREAKER_STATES = ("closed", "open", "half_open")
 #: Paths whose requests are counted and timed (the proxied generation routes and /v1/*).
 _COUNTED_PREFIXES = ("/v1/", "/generate")
 NO_LABEL = "none"
-
-
-@dataclass(frozen=True)
-class BackendLive:
-    name: str
-    pool: str
-    group: str
-    healthy: bool
-    breaker: str
-    inflight: int
-    engine_load: float | None
-    telemetry_age_s: float | None
-    stale_reads: int
-    accept_length: float | None
-
-
-@dataclass(frozen=True)
-class LiveMetrics:
-    """What the router reports at scrape time."""
-
-    backends: tuple[BackendLive, ...] = ()
-    group_loads: Mapping[str, float] = field(default_factory=dict)
-    group_pools: Mapping[str, str] = field(default_factory=dict)
-    policy_version: int = 0
 
 
 class _LiveCollector(Collector):

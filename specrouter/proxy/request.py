@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.types import Receive, Scope
 
+from specrouter import backends
 from specrouter.backends import Backend, Pool
 from specrouter.errors import RouterError
 from specrouter.proxy.upstream import RawHeaders
@@ -25,7 +26,7 @@ HOP_BY_HOP = frozenset({
 # `authorization` is replaced per backend (`RequestHead.upstream_headers`).
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 REQUEST_ID = b"x-request-id"
-POOL_HEADER = b"x-specrouter-pool"
+POOL_HEADER = backends.POOL_HEADER.encode()  # the wire form of the one name
 
 
 class RouteKind(enum.Enum):

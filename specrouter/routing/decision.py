@@ -7,11 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specrouter.backends import Pool
+from specrouter.backends import POOL_HEADER, Pool
 from specrouter.routing.accept import AcceptEstimate
 from specrouter.routing.costmodel import PoolPrediction
-
-POOL_HEADER = "x-specrouter-pool"
 
 
 class HeaderError(ValueError):

@@ -14,15 +14,13 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from specrouter.backends import Backend, Pool, other_pool
+from specrouter.backends import POOL_HEADER, Backend, Pool, other_pool
 from specrouter.config import AdmissionSettings
-from specrouter.control.metrics import BackendLive, LiveMetrics
 from specrouter.errors import RouterError
 from specrouter.observe.loadview import BackendView, GroupView, LoadSignal
 from specrouter.routing.arrivals import GENERATION_PATHS, ArrivalWindow
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.decision import (
-    POOL_HEADER,
     GroupState,
     HeaderError,
     Hints,
@@ -34,7 +32,7 @@ from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy, PolicySource
 from specrouter.routing.pool_choice import decide, fold_accept
 from specrouter.routing.recall import RecallRegistry
-from specrouter.routing.report import group_report
+from specrouter.routing.report import BackendLive, LiveMetrics, group_report
 from specrouter.routing.router import NoBackendAvailable, Probe, RequestInfo, Target
 
 _ARRIVING = "(arriving)"

@@ -1,7 +1,10 @@
-"""The live view of one group in GET /policy."""
+"""What the router reports: the live view of a group in GET /policy, and the gauges read at
+each /metrics scrape."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from specrouter.observe.loadview import GroupView
@@ -41,3 +44,27 @@ def group_report(
         report["predictions"] = {p: v.as_dict() for p, v in preds.items()}
         report["crossover"] = cost_model.crossover(used)
     return report
+
+
+@dataclass(frozen=True)
+class BackendLive:
+    name: str
+    pool: str
+    group: str
+    healthy: bool
+    breaker: str
+    inflight: int
+    engine_load: float | None
+    telemetry_age_s: float | None
+    stale_reads: int
+    accept_length: float | None
+
+
+@dataclass(frozen=True)
+class LiveMetrics:
+    """What the router reports at scrape time."""
+
+    backends: tuple[BackendLive, ...] = ()
+    group_loads: Mapping[str, float] = field(default_factory=dict)
+    group_pools: Mapping[str, str] = field(default_factory=dict)
+    policy_version: int = 0

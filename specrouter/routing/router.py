@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from specrouter.backends import Backend as Backend  # the Target's; import it from backends
-from specrouter.backends import Pool
+from specrouter.backends import Backend, Pool
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from specrouter.commands.calibrate.fit import FITS, fit_model
 from specrouter.commands.calibrate.measure import LevelResult, SweepFacts
 from specrouter.commands.calibrate.report import level_row, model_report, report
 from specrouter.routing.costmodel import GroupCostModel, model_to_dict
+from specrouter.routing.strategies.registry import DEFAULT_STRATEGY, STRATEGIES
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -56,9 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     amount.add_argument("--requests", type=int, help="requests per level instead of a duration")
     parser.add_argument("--input-tokens", type=int, default=1000)
     parser.add_argument("--output-tokens", type=int, default=256)
-    parser.add_argument("--strategy", choices=["threshold", "overflow", "goodput"],
-                        default="threshold",
-                        help="policy to derive; goodput fits the group's cost model")
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default=DEFAULT_STRATEGY,
+                        help="policy to derive; a strategy that predicts with a cost model "
+                             "(goodput) also gets the group's model fitted")
     parser.add_argument("--write-cost-model", metavar="FILE",
                         help="write the cost model fitted from the sweep (for the router's "
                              "cost_model.file / SPECROUTER_COST_MODEL__FILE)")
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     rec = recommend(results, args.strategy)
     print(report(results, rec, facts.accept_length))
     model: GroupCostModel | None = None
-    if args.strategy == "goodput" or args.write_cost_model:
+    if STRATEGIES[args.strategy].uses_cost_model or args.write_cost_model:
         try:
             model = fit_model(results, facts, args.fit)
         except ValueError as exc:
@@ -136,7 +137,7 @@ def _apply(args: argparse.Namespace, token: str, rec: Recommendation) -> int:
     except (RuntimeError, httpx.HTTPError) as exc:
         return _fail(f"could not apply the policy: {exc}", 1)
     print(f"applied to {args.router_url}: policy version {applied['policy']['version']}")
-    if args.strategy == "goodput":
+    if STRATEGIES[args.strategy].uses_cost_model:
         print("note: the router predicts with the cost models of its own configuration "
               "(cost_model / cost_models); a group without one uses the threshold band")
     return 0

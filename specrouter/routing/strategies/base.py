@@ -8,7 +8,7 @@ shares (health, client override, forced modes) run before it (`pool_choice.decid
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -58,5 +58,14 @@ class Strategy(Protocol):
         """Whether a switch of a group to the baseline recalls the group's EAGLE-3
         streams that have not started (the strategy moves whole groups)."""
 
+    @property
+    def uses_cost_model(self) -> bool:
+        """Whether it predicts with the group's cost model (calibration then fits one)."""
+
     def decide(self, policy: PolicyParams, at: Situation) -> Decision:
         """The pool for a new request in a group with healthy backends in both pools."""
+
+    def calibrated(self, crossover: float | None, top_level: int) -> dict[str, Any]:
+        """Its parameters for a group whose measured crossover is `crossover`: the closed-loop
+        concurrency at which the baseline catches up with EAGLE-3 (None: not up to the
+        sweep's highest level, `top_level`)."""

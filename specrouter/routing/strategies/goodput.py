@@ -9,6 +9,7 @@ Without a cost model for the group it decides as `threshold`, with reason
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,6 +39,11 @@ class Goodput:
     reasons = ("goodput_eagle", "goodput_baseline", "goodput_hold_eagle",
                "goodput_hold_baseline", "goodput_dwell_baseline", "goodput_no_model")
     recalls = True
+    uses_cost_model = True
+
+    def calibrated(self, crossover: float | None, top_level: int) -> dict[str, Any]:
+        """The threshold band, which a group without a cost model falls back to."""
+        return Threshold().calibrated(crossover, top_level)
 
     def decide(self, policy: PolicyParams, at: Situation) -> Decision:
         if at.cost_model is None:

@@ -4,7 +4,9 @@ EAGLE-3 are within the cap and stay there."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +25,11 @@ class Overflow:
     params = OverflowParams
     reasons = ("below_eagle_cap", "eagle_cap_reached")
     recalls = False
+    uses_cost_model = False
+
+    def calibrated(self, crossover: float | None, top_level: int) -> dict[str, Any]:
+        """EAGLE-3 keeps up to floor(crossover) requests in flight."""
+        return {"eagle_cap": top_level * 4 if crossover is None else max(1, math.floor(crossover))}
 
     def decide(self, policy: PolicyParams, at: Situation) -> Decision:
         eagles = at.group.healthy_servers("eagle")

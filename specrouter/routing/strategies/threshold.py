@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from specrouter.backends import Pool
@@ -31,6 +33,17 @@ class Threshold:
     reasons = ("below_switch_down", "above_switch_up", "hysteresis_hold_eagle",
                "hysteresis_hold_baseline")
     recalls = True
+    uses_cost_model = False
+
+    def calibrated(self, crossover: float | None, top_level: int) -> dict[str, Any]:
+        """The router decides when a request arrives, and under a closed loop of C clients
+        C - 1 requests are then already in the group, so the load that switches to the
+        baseline is `crossover - 1`; `switch_down` sits a band below it (at least one
+        request wide) so a load wobbling by one request does not flap. EAGLE-3 ahead at
+        every measured level switches only well beyond them."""
+        up = float(top_level * 2) if crossover is None else max(0.5, crossover - 1.0)
+        down = max(0.0, up - max(1.0, 0.25 * up))
+        return {"switch_up": round(up, 2), "switch_down": round(down, 2)}
 
     def decide(self, policy: PolicyParams, at: Situation) -> Decision:
         p = policy.params(ThresholdParams)

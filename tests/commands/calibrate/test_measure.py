@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specrouter.commands.calibrate.derive import thresholds
 from specrouter.commands.calibrate.measure import LevelResult, crossover
+from specrouter.routing.strategies.threshold import Threshold
 
 
 def test_throughput_counts_only_tokens_decoded_inside_the_window() -> None:
@@ -34,5 +34,6 @@ def test_crossover_interpolates_the_throughput_ratio_between_levels() -> None:
     baseline = _levels("baseline", {16: 1000, 32: 1000, 64: 1250})
     # ratio 1.1 at 32 and 0.8 at 64: 1.0 a third of the way
     assert crossover(eagle, baseline) == pytest.approx(32 + 32 / 3, abs=0.01)
-    up, down = thresholds(crossover(eagle, baseline), 64)
+    band = Threshold().calibrated(crossover(eagle, baseline), 64)
+    up, down = band["switch_up"], band["switch_down"]
     assert up == pytest.approx(41.67, abs=0.01) and down == pytest.approx(31.25, abs=0.01)
