@@ -20,7 +20,7 @@ from specrouter.routing.strategies.base import Situation
 from specrouter.routing.strategies.registry import STRATEGIES
 
 _SHARED_REASONS = ("client_override", "forced_mode", "eagle_unhealthy", "baseline_unhealthy")
-#: Every reason `decide` can give, for metric label pre-registration and docs.
+#: Every reason `decide` can give, checked by the property tests and listed in docs/policy.md.
 REASONS: tuple[str, ...] = (
     *_SHARED_REASONS, *(r for s in STRATEGIES.values() for r in s.reasons))
 
