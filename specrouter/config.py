@@ -150,6 +150,12 @@ class UpstreamSettings(_Section):
     # the largest batch a server runs, or requests queue in the router instead of SGLang.
     max_connections_per_backend: int = Field(default=1024, gt=0)
     max_idle_per_backend: int = Field(default=256, ge=0)
+    # A generation the router leaves unfinished (recalled, client gone, backend silent) gets
+    # `POST /abort_request` with its rid (`specrouter.proxy.abort`) and counts in flight
+    # until the abort is acknowledged, or for at most `abandoned_hold_s`: SGLang's own
+    # 4 s disconnect poll. 0 releases it at once.
+    abort_abandoned: bool = True
+    abandoned_hold_s: float = Field(default=4.0, ge=0, le=60)
 
 
 class RetrySettings(_Section):
