@@ -120,7 +120,8 @@ class TimeoutSettings(_Section):
 class LimitSettings(_Section):
     """What one client may cost the router: body and request-head size, how long a request
     head and body may take to arrive (slowloris), idle keep-alive time, and open connections plus
-    requests in progress (beyond `max_connections` new requests get 503)."""
+    requests in progress (beyond `max_connections` new requests get 503); and what one backend
+    answer may cost it (`max_response_*`, `max_stream_duration_s`)."""
 
     max_body_bytes: int = Field(default=32 * MIB, gt=0)
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
@@ -128,6 +129,23 @@ class LimitSettings(_Section):
     body_timeout_s: float = Field(default=60.0, gt=0)
     keep_alive_timeout_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=4096, gt=0)
+    # Request bodies held at once by this process (beyond it new requests get 503).
+    max_inflight_body_bytes: int = Field(default=512 * MIB, gt=0)
+    # What a backend may cost: a buffered (non-SSE) answer's body, its response head and
+    # header count (502 beyond them), and optionally a stream's whole duration.
+    max_response_body_bytes: int = Field(default=64 * MIB, gt=0)
+    max_response_head_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_response_headers: int = Field(default=100, gt=0)
+    max_stream_duration_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _a_whole_body_fits_the_budget(self) -> LimitSettings:
+        if self.max_inflight_body_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_inflight_body_bytes ({self.max_inflight_body_bytes}) must be at least "
+                f"max_body_bytes ({self.max_body_bytes}): a body of the largest allowed "
+                "size would never be accepted")
+        return self
 
 
 class ShutdownSettings(_Section):
