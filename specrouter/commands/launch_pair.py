@@ -29,6 +29,7 @@ from types import FrameType
 
 import httpx
 
+from specrouter.commands.children import die_with_parent
 from specrouter.commands.memplan import Plan, PlanError, Role, plan_pair
 from specrouter.commands.plan import (
     add_plan_arguments,
@@ -64,8 +65,10 @@ class Server:
     def start(self) -> None:
         _log(f"starting {self.role}: {shlex.join(self.argv)}")
         # Own process group: SGLang forks a scheduler and a detokenizer; a signal to the
-        # group reaches them all, and a crash of ours cannot leave them holding the GPU.
-        self.proc = subprocess.Popen(self.argv, start_new_session=True)
+        # group reaches them all. The parent-death signal (SIGTERM) stops the server when
+        # launch-pair dies without cleaning up (SIGKILL), so it cannot keep holding the GPU.
+        self.proc = subprocess.Popen(self.argv, start_new_session=True,
+                                     preexec_fn=die_with_parent())
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -161,8 +164,11 @@ class Supervisor:
         return None
 
     def _signal_exit(self) -> int:
-        signum = self.received or signal.SIGTERM
-        _log(f"got {signal.Signals(signum).name}: forwarding it to both servers")
+        received = self.received or signal.SIGTERM
+        # SIGHUP (the session ended) stops the pair like SIGTERM.
+        signum = signal.SIGTERM if received == signal.SIGHUP else received
+        _log(f"got {signal.Signals(received).name}: sending {signal.Signals(signum).name} "
+             f"to both servers")
         for server in self.servers:
             server.signal(signum)
         return 0
@@ -203,6 +209,6 @@ def run(args: argparse.Namespace) -> int:
         port = args.eagle_port if role == "eagle" else args.baseline_port
         servers.append(Server(role, commands[role], f"http://{args.probe_host}:{port}"))
     supervisor = Supervisor(servers, args.ready_timeout, args.stop_timeout)
-    signal.signal(signal.SIGTERM, supervisor.on_signal)
-    signal.signal(signal.SIGINT, supervisor.on_signal)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, supervisor.on_signal)
     return supervisor.run()

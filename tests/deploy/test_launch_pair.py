@@ -89,6 +89,26 @@ def test_sigint_is_forwarded_too(tmp_path: Path, process_factory) -> None:
     assert {("signal-SIGINT", "eagle"), ("signal-SIGINT", "baseline")} <= set(events(log))
 
 
+def test_sighup_stops_the_pair_like_sigterm(tmp_path: Path, process_factory) -> None:
+    proc, log = _up(tmp_path, process_factory)
+    assert proc.proc is not None
+    os.kill(proc.proc.pid, signal.SIGHUP)  # the session that started it ended
+    assert proc.proc.wait(60) == 0
+    got = set(events(log))
+    assert {("signal-SIGTERM", "eagle"), ("signal-SIGTERM", "baseline")} <= got
+    assert {("exit", "eagle"), ("exit", "baseline")} <= got
+
+
+def test_a_sigkilled_launcher_takes_both_servers_down(tmp_path: Path, process_factory) -> None:
+    proc, log = _up(tmp_path, process_factory)
+    assert proc.proc is not None
+    os.kill(proc.proc.pid, signal.SIGKILL)  # no cleanup runs: the parent-death signal does
+    assert proc.proc.wait(60) == -signal.SIGKILL
+    wait_until(lambda: {("exit", "eagle"), ("exit", "baseline")} <= set(events(log)), 30,
+               "both servers to exit after their parent died")
+    assert {("signal-SIGTERM", "eagle"), ("signal-SIGTERM", "baseline")} <= set(events(log))
+
+
 def test_one_dies_the_other_is_stopped_and_exit_is_nonzero(
     tmp_path: Path, process_factory
 ) -> None:
