@@ -199,13 +199,17 @@ class HealthSettings(_Section):
     """Active health checks: `/ready` where the server has it, else `/health`.
 
     SGLang's `/health` runs a one-token generation (a second or more under load), hence
-    its own, longer timeout; `/ready` is a cheap status read.
+    its own, longer timeout; `/ready` is a cheap status read. SGLang's `/ready` still
+    answers 200 when its scheduler is wedged, so where `/ready` is the check, a
+    `/health_generate` (a generation SGLang does not queue behind a busy batch) also runs
+    every `generation_check_s` (0: never), and at every check while the last one failed.
     """
 
     enabled: bool = True
     interval_s: float = Field(default=2.0, gt=0)
     ready_timeout_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=8.0, gt=0)
+    generation_check_s: float = Field(default=10.0, ge=0)
 
 
 class AdmissionSettings(_Section):

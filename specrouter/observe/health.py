@@ -4,8 +4,13 @@ Active checks find a backend that is down before a request hits it, and find it 
 SGLang's cheap `GET /ready` is used where it exists (SGLang 0.5.23+); a backend that
 answers it 404 or 405 is checked with `GET /health`, which runs a one-token generation and
 gets its own long timeout. The path that works is remembered per backend and detected
-again after a connection failure (another SGLang version may be behind the URL). Passive outcomes of
-real requests feed each backend's circuit breaker (`specrouter.observe.breaker`).
+again after a connection failure (another SGLang version may be behind the URL).
+`/ready` answers 200 for a wedged scheduler, so a backend checked with it also gets a
+`GET /health_generate` every `generation_check_s` (SGLang does not queue that generation
+behind a busy batch: no answer within the timeout means the scheduler makes no progress),
+and at every check while the last one failed. A check that fails for the router's own
+lack of resources (`local_errors`) changes nothing. Passive outcomes of real requests feed
+each backend's circuit breaker (`specrouter.observe.breaker`).
 
 The state machines are pure (`breaker.HealthRecord`); this module owns the clock, the
 HTTP client and the background loops.
@@ -24,12 +29,14 @@ import httpx
 from specrouter.backends import Backend
 from specrouter.config import HealthSettings
 from specrouter.observe.breaker import BreakerConfig, HealthRecord
+from specrouter.observe.local_errors import LocalFailure, RateLimitedLog, local_resource_error
 from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger("specrouter.observe.health")
 
 READY_PATH = "/ready"
 HEALTH_PATH = "/health"
+GENERATION_PATH = "/health_generate"
 _NO_READY = frozenset({404, 405})  # no /ready: SGLang before 0.5.23
 
 
@@ -54,6 +61,10 @@ class HealthChecker:
         self._own_client = client is None
         self._tasks: list[asyncio.Task[None]] = []
         self._was_healthy: dict[str, bool] = dict.fromkeys(self.records, True)
+        # per backend: when its last generation check ran and what it found (None: fine)
+        self._generation_at: dict[str, float] = {}
+        self._generation_error: dict[str, str | None] = dict.fromkeys(self.records)
+        self._local_log = RateLimitedLog(log, clock=clock)
 
     # -- request path (synchronous, no I/O) ----------------------------------------------
 
@@ -76,6 +87,7 @@ class HealthChecker:
     def describe(self, name: str) -> dict[str, Any]:
         info = self.records[name].as_dict(self._clock())
         info["check_path"] = self._paths[name]
+        info["generation_check_error"] = self._generation_error[name]
         return info
 
     # -- active checks ---------------------------------------------------------------------
@@ -110,8 +122,15 @@ class HealthChecker:
             await asyncio.sleep(max(0.0, self._settings.interval_s - elapsed))
 
     async def check_once(self, backend: Backend) -> bool:
-        """One active check of `backend`; records and returns the verdict."""
-        ok, error = await self._check(backend)
+        """One active check of `backend`; records and returns the verdict. A check that
+        failed on the router's side records nothing and returns the last verdict."""
+        try:
+            ok, error = await self._check(backend)
+        except LocalFailure as exc:
+            self._local_log.warning(
+                backend.name, "health check of %s failed on the router's side (%s): the "
+                "backend keeps its last state", backend.name, exc)
+            return self.healthy(backend.name)
         self.records[backend.name].record_check(ok, self._clock(), error)
         self._log_transition(backend.name)
         return ok
@@ -122,7 +141,10 @@ class HealthChecker:
             status, error = await self._get(backend, READY_PATH, self._settings.ready_timeout_s)
             if status is not None and status not in _NO_READY:
                 self._paths[name] = READY_PATH
-                return status == 200, None if status == 200 else f"{READY_PATH}: HTTP {status}"
+                if status != 200:
+                    return False, f"{READY_PATH}: HTTP {status}"
+                wedged = await self._generation_check(backend)
+                return wedged is None, wedged
             if status is None:
                 return False, error
             self._paths[name] = HEALTH_PATH
@@ -131,15 +153,43 @@ class HealthChecker:
             return False, error
         return status == 200, None if status == 200 else f"{HEALTH_PATH}: HTTP {status}"
 
+    async def _generation_check(self, backend: Backend) -> str | None:
+        """Why `backend` counts as wedged while its /ready answers 200, or None. Runs
+        the generation when due, else repeats the last verdict (a passed one)."""
+        name, every = backend.name, self._settings.generation_check_s
+        now = self._clock()
+        last = self._generation_at.get(name)
+        due = self._generation_error[name] is not None or last is None or now - last >= every
+        if every <= 0 or not due:
+            return None
+        self._generation_at[name] = now
+        timeout = self._settings.health_timeout_s
+        status, error = await self._get(backend, GENERATION_PATH, timeout)
+        if status == 200:
+            verdict = None
+        elif status is None:
+            verdict = f"wedged: {error} while {READY_PATH} answers 200"
+        else:
+            verdict = f"wedged: {GENERATION_PATH}: HTTP {status} while {READY_PATH} answers 200"
+        if verdict != self._generation_error[name]:
+            log.log(logging.WARNING if verdict else logging.INFO, "backend %s: %s", name,
+                    verdict or f"{GENERATION_PATH} answers again")
+        self._generation_error[name] = verdict
+        return verdict
+
     async def _get(self, backend: Backend, path: str,
                    timeout: float) -> tuple[int | None, str]:
-        """(status, "") or (None, what went wrong)."""
+        """(status, "") or (None, what went wrong); LocalFailure when the router itself
+        could not make the request."""
         assert self._client is not None, "call start() first"
         try:
             response = await self._client.get(backend.url + path, timeout=timeout)
         except httpx.TimeoutException:
             return None, f"{path}: no answer within {timeout:g}s"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OSError) as exc:
+            local = local_resource_error(exc)
+            if local is not None:
+                raise LocalFailure(f"{path}: {local}") from exc
             self._paths[backend.name] = None  # the path is detected again
             return None, f"{path}: {type(exc).__name__}"
         return response.status_code, ""

@@ -14,6 +14,7 @@ The credit rule joins them without double counting (see `BackendLoad.engine_load
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -22,19 +23,30 @@ from specrouter.backends import POOLS, Pool
 
 LoadSignal = Literal["inflight", "engine", "max"]
 
-#: Telemetry older than this many poll intervals is ignored.
+#: A poll answer older than this many poll intervals is ignored.
 STALE_AFTER_INTERVALS = 3.0
-#: The accept length moves with the workload over seconds, not milliseconds, and may
-#: come from a slower side channel (/server_info): a reading stays usable this long.
+#: A load snapshot the engine built longer ago than this is ignored however fresh the
+#: answer that carried it: SGLang 0.5.23 republishes it at every prefill batch, every 15
+#: decode batches and while idle, so an older one means a scheduler stuck in one batch.
+SNAPSHOT_MAX_AGE_S = 2.0
+#: The windowed accept length moves with the workload over seconds: a reading stays
+#: usable this long.
 ACCEPT_MAX_AGE_S = 30.0
+#: How far back the in-flight history reaches (beyond SNAPSHOT_MAX_AGE_S plus a poll).
+HISTORY_S = 5.0
 
 
 @dataclass(frozen=True)
 class EngineSample:
     """One telemetry reading of one SGLang server.
 
-    `received_at` is the router's monotonic clock when the answer arrived: staleness is
-    judged on our clock, never on the engine's wall clock (hosts drift).
+    `received_at` is the router's monotonic clock when the answer arrived. The engine's
+    wall clock is only compared with itself: `snapshot_age` is how old the engine's load
+    snapshot was when the engine built the answer (SGLang 0.5.23's per-rank `timestamp`
+    against the answer's own `timestamp`; None where the source does not tell).
+    `accept_length` is a windowed mean (the /metrics gauge over the last 40 decode
+    batches), never the lifetime mean of /v1/loads or /server_info, which is kept apart
+    in `accept_lifetime` for display: it does not move with the workload.
     """
 
     running: int
@@ -44,14 +56,22 @@ class EngineSample:
     source: str = ""
     max_running: int | None = None
     engine_timestamp: str | None = None
-    # What identifies the engine's snapshot behind this reading (SGLang refreshes what it
-    # reports every few decode steps, the router polls faster): equal keys, same steps.
-    # None: the source cannot tell its snapshots apart.
-    snapshot: tuple[float, ...] | None = None
+    # What identifies the engine's accept window behind this reading (SGLang refreshes the
+    # gauge every 40 decode batches, the router polls faster): equal keys, same steps.
+    # None: the source cannot tell its windows apart.
+    accept_window: tuple[float, ...] | None = None
+    snapshot_age: float | None = None
+    accept_lifetime: float | None = None
 
     @property
     def total(self) -> int:
         return self.running + self.waiting
+
+    @property
+    def taken_at(self) -> float:
+        """When the engine took its load snapshot, on the router's clock (the answer's
+        transit time aside)."""
+        return self.received_at - (self.snapshot_age or 0.0)
 
 
 @dataclass(frozen=True)
@@ -70,7 +90,7 @@ class BackendView:
     # requests the server was running when it reported that accept length (None: not
     # known, e.g. read from /server_info): how many requests the reading averages over
     accept_batch: int | None = None
-    accept_snapshot: tuple[float, ...] | None = None  # EngineSample.snapshot of the reading
+    accept_window: tuple[float, ...] | None = None  # EngineSample.accept_window of the reading
 
     def load(self, signal: LoadSignal) -> float:
         """The load under `signal`; without fresh telemetry every signal is in-flight."""
@@ -115,10 +135,10 @@ class GroupView:
         b = self._freshest_accept()
         return None if b is None else b.accept_batch
 
-    def eagle_accept_snapshot(self) -> tuple[float, ...] | None:
-        """The engine snapshot behind the freshest EAGLE reading (None: not known)."""
+    def eagle_accept_window(self) -> tuple[float, ...] | None:
+        """The engine's accept window behind the freshest EAGLE reading (None: not known)."""
         b = self._freshest_accept()
-        return None if b is None else b.accept_snapshot
+        return None if b is None else b.accept_window
 
     def _freshest_accept(self) -> BackendView | None:
         best: BackendView | None = None
@@ -131,6 +151,29 @@ class GroupView:
 
 
 @dataclass
+class InflightHistory:
+    """The router's in-flight count of one backend over the last HISTORY_S seconds."""
+
+    changes: deque[tuple[float, int]] = field(default_factory=deque)  # (time, count from then)
+    before: int = 0  # the count before the oldest change kept
+
+    def record(self, now: float, count: int) -> None:
+        self.changes.append((now, count))
+        while len(self.changes) > 1 and self.changes[1][0] <= now - HISTORY_S:
+            self.before = self.changes.popleft()[1]
+
+    def peak(self, start: float, end: float) -> int:
+        """The highest count in force at any moment of [start, end]."""
+        peak: int | None = None
+        for t, count in reversed(self.changes):
+            if t < start:
+                return count if peak is None else max(peak, count)
+            if t <= end:
+                peak = count if peak is None else max(peak, count)
+        return self.before if peak is None else max(peak, self.before)
+
+
+@dataclass
 class BackendLoad:
     """Mutable counters of one backend; owned by `LoadView`."""
 
@@ -138,40 +181,58 @@ class BackendLoad:
     group: str
     pool: Pool
     inflight: int = 0
+    history: InflightHistory = field(default_factory=InflightHistory)
     sample: EngineSample | None = None
     inflight_at_sample: int = 0
-    inflight_at_poll: int | None = None  # when the poll now on the wire was sent
+    poll_sent_at: float | None = None  # when the poll now on the wire was sent
     accept_length: float | None = None
     accept_seen_at: float | None = None
     accept_batch: int | None = None
-    accept_snapshot: tuple[float, ...] | None = None
+    accept_window: tuple[float, ...] | None = None
+    accept_lifetime: float | None = None
     stale_reads: int = 0
 
     def engine_load(self, now: float, interval: float) -> float | None:
         """Credited engine load, or None when there is no fresh sample.
 
-        Rule: telemetry + (in-flight now - in-flight when the sample was taken), floored
-        at 0. A request dispatched before the sample is counted in both the sample and
-        `inflight_at_sample`, so the difference excludes it; one dispatched after is
-        in neither the sample nor the snapshot, so the difference adds it; one finished
-        after the sample is subtracted. Other clients' work stays in via the sample.
-        The engine takes its snapshot somewhere between the poll's sending and its answer,
-        so `inflight_at_sample` is the larger of the counts at those two moments: a
-        request that ended while the poll was on the wire is still in the engine's count
-        and must not stay in the load as a phantom. Erring low instead only hides a
-        request dispatched during the round trip from the engine part until the next
-        poll, and the router's own in-flight count, exact, still counts it.
+        Rule: telemetry + (in-flight now - in-flight when the engine took its snapshot),
+        floored at 0. A request dispatched before the snapshot is counted in both the
+        sample and `inflight_at_sample`, so the difference excludes it; one dispatched
+        after is in neither, so the difference adds it; one finished after the snapshot
+        is subtracted. Other clients' work stays in via the sample.
+        The snapshot's moment is known up to the poll's round trip (shifted back by the
+        snapshot's own age where the engine reports it), so `inflight_at_sample` is the
+        highest count in force over that span: a request that ended after the snapshot
+        is still in the engine's count and must not stay in the load as a phantom.
+        Erring low instead only hides a request dispatched in that span from the engine
+        part until the next poll, and the router's own in-flight count, exact, still
+        counts it.
         """
         if self.sample is None or self.is_stale(now, interval):
             return None
         return max(0.0, float(self.sample.total + self.inflight - self.inflight_at_sample))
 
     def age(self, now: float) -> float | None:
-        return None if self.sample is None else max(0.0, now - self.sample.received_at)
+        """Seconds since the engine took the snapshot behind the sample."""
+        return None if self.sample is None else max(0.0, now - self.sample.taken_at)
 
     def is_stale(self, now: float, interval: float) -> bool:
         age = self.age(now)
-        return age is None or age > STALE_AFTER_INTERVALS * interval
+        if self.sample is None or age is None:
+            return True
+        return (now - self.sample.received_at > STALE_AFTER_INTERVALS * interval
+                or age > max(SNAPSHOT_MAX_AGE_S, STALE_AFTER_INTERVALS * interval))
+
+    def take_accept(self, sample: EngineSample) -> None:
+        """Keep `sample`'s windowed accept length unless a newer reading is kept."""
+        if sample.accept_length is None:
+            return
+        if self.accept_seen_at is not None and sample.received_at < self.accept_seen_at:
+            return
+        self.accept_length = sample.accept_length
+        self.accept_seen_at = sample.received_at
+        self.accept_batch = sample.running
+        self.accept_window = sample.accept_window
 
 
 @dataclass
@@ -199,43 +260,41 @@ class LoadView:
         except KeyError:
             raise KeyError(f"unknown backend {name!r}") from None
 
-    def acquire(self, name: str) -> None:
+    def acquire(self, name: str, now: float) -> None:
         """A request was admitted to backend `name` (call before sending it)."""
-        self._get(name).inflight += 1
+        b = self._get(name)
+        b.inflight += 1
+        b.history.record(now, b.inflight)
 
-    def release(self, name: str) -> None:
+    def release(self, name: str, now: float) -> None:
         """A request to `name` ended (success, error or client disconnect)."""
         b = self._get(name)
         if b.inflight <= 0:
             raise RuntimeError(f"release without acquire on backend {name!r}")
         b.inflight -= 1
+        b.history.record(now, b.inflight)
+
+    def poll_started(self, name: str, now: float) -> None:
+        """A telemetry poll of `name` is being sent (see `BackendLoad.engine_load`)."""
+        self._get(name).poll_sent_at = now
 
     def publish(self, name: str, sample: EngineSample) -> None:
-        """Record a telemetry sample; remembers in-flight at this moment for the credit rule."""
+        """Record a telemetry sample with the in-flight count its snapshot saw."""
         b = self._get(name)
         if b.sample is not None and sample.received_at < b.sample.received_at:
             return  # an answer overtaken by a newer one
-        b.sample = sample
-        at_poll = b.inflight if b.inflight_at_poll is None else b.inflight_at_poll
-        b.inflight_at_sample, b.inflight_at_poll = max(b.inflight, at_poll), None
-        if sample.accept_length is not None:
-            b.accept_length = sample.accept_length
-            b.accept_seen_at = sample.received_at
-            b.accept_batch = sample.running
-            b.accept_snapshot = sample.snapshot
+        sent_at = sample.received_at if b.poll_sent_at is None else b.poll_sent_at
+        shift = sample.snapshot_age or 0.0
+        b.sample, b.poll_sent_at = sample, None
+        b.inflight_at_sample = b.history.peak(sent_at - shift, sample.received_at - shift)
+        b.take_accept(sample)
+        if sample.accept_lifetime is not None:
+            b.accept_lifetime = sample.accept_lifetime
 
-    def poll_started(self, name: str) -> None:
-        """A telemetry poll of `name` is being sent (see `BackendLoad.engine_load`)."""
-        b = self._get(name)
-        b.inflight_at_poll = b.inflight
-
-    def publish_accept_length(self, name: str, accept_length: float, received_at: float) -> None:
-        """Accept length from a side channel (/server_info) when the load source lacks it."""
-        b = self._get(name)
-        b.accept_length = accept_length
-        b.accept_seen_at = received_at
-        b.accept_batch = None
-        b.accept_snapshot = None
+    def publish_accept(self, name: str, sample: EngineSample) -> None:
+        """The windowed accept length of a side-channel reading (/metrics next to a
+        /v1/loads load source); its load counts are not used."""
+        self._get(name).take_accept(sample)
 
     def backend_view(self, name: str, now: float, healthy: bool = True) -> BackendView:
         b = self._get(name)
@@ -249,7 +308,7 @@ class LoadView:
             stale=stale, accept_length=b.accept_length if accept_fresh else None,
             accept_seen_at=b.accept_seen_at if accept_fresh else None,
             accept_batch=b.accept_batch if accept_fresh else None,
-            accept_snapshot=b.accept_snapshot if accept_fresh else None,
+            accept_window=b.accept_window if accept_fresh else None,
         )
 
     def group_names(self) -> list[str]:

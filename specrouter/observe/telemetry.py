@@ -1,14 +1,19 @@
 """Telemetry of each backend's engine: parsers of SGLang's load endpoints, and a poller.
 
-Shapes read from SGLang sources (see docs/policy.md for the files):
-- GET /v1/loads (0.5.10+): {"timestamp","version","dp_rank_count","loads":[{"dp_rank",
-  "num_running_reqs","num_waiting_reqs",...,"speculative":{"accept_length","accept_rate"}}],
-  "aggregate":{"total_running_reqs","total_waiting_reqs",...}} (aggregate: 0.5.10 only)
-- GET /get_load (up to 0.5.10): [{"dp_rank","num_reqs","num_waiting_reqs","num_tokens"}]
-  where num_reqs = running + waiting (scheduler.get_load)
+Shapes read from SGLang's sources (0.5.10 and 0.5.23; docs/policy.md section 7 has the files):
+- GET /v1/loads: 0.5.23 {"timestamp" (ISO, server clock), "version", "accelerator",
+  "num_accelerators", "loads":[{"dp_rank","timestamp" (float, server clock when the
+  snapshot was built),"num_running_reqs","num_waiting_reqs",...,"speculative":{...}}]};
+  0.5.10 {"timestamp","version","dp_rank_count","loads":[...],"aggregate":{...}}, no
+  per-rank timestamp. `speculative.accept_length` is a LIFETIME mean in both.
+  0.5.23 answers "loads": [] when its snapshot reader is not attached: no data.
+- GET /get_load (0.5.3 to 0.5.10): [{"dp_rank","num_reqs","num_waiting_reqs","num_tokens"}]
+  where num_reqs = running + waiting
 - GET /metrics (--enable-metrics): gauges sglang:num_running_reqs, sglang:num_queue_reqs,
-  sglang:spec_accept_length, one series per tp/pp/dp rank label set
-- GET /server_info: internal_states[].avg_spec_accept_length
+  sglang:spec_accept_length (mean of the last 40 decode batches: the only windowed accept
+  length SGLang exposes), one series per tp/pp/moe_ep/dp rank; with priority scheduling
+  the total under priority="" plus one series per priority
+- GET /server_info: internal_states[].avg_spec_accept_length, a lifetime mean
 
 The parsers are pure; only `TelemetryPoller` does I/O.
 """
@@ -16,6 +21,7 @@ The parsers are pure; only `TelemetryPoller` does I/O.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import time
@@ -28,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specrouter.backends import Backend
 from specrouter.observe.loadview import EngineSample
+from specrouter.observe.local_errors import LocalFailure, RateLimitedLog, local_resource_error
 from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -41,7 +48,7 @@ PATHS = {
 
 
 class TelemetryParseError(ValueError):
-    """The payload does not have the shape SGLang sends."""
+    """The payload does not have the shape SGLang sends, or carries no data."""
 
 
 def _int(d: dict[str, Any], key: str, where: str) -> int:
@@ -51,55 +58,59 @@ def _int(d: dict[str, Any], key: str, where: str) -> int:
     return int(v)
 
 
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
 def _accept_mean(values: list[float]) -> float | None:
     vals = [v for v in values if v > 0]
     return sum(vals) / len(vals) if vals else None
 
 
 def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
-    """Sum over DP ranks; accept length averaged over ranks that report one."""
+    """Sum over DP ranks. The accept length it carries is SGLang's lifetime mean: kept as
+    `accept_lifetime`, never as the windowed `accept_length`."""
     if not isinstance(payload, dict) or not isinstance(payload.get("loads"), list):
         raise TelemetryParseError("/v1/loads: expected an object with a 'loads' list")
+    if not payload["loads"]:
+        raise TelemetryParseError("/v1/loads: 'loads' is empty (no snapshot to read): no data")
     running = waiting = 0
     max_running: int | None = None
-    accepts: list[float] = []
-    snapshots: list[tuple[float, ...] | None] = []
+    lifetime: list[float] = []
+    taken: list[float | None] = []
     for i, load in enumerate(payload["loads"]):
         if not isinstance(load, dict):
             raise TelemetryParseError(f"/v1/loads: loads[{i}] is not an object")
         running += _int(load, "num_running_reqs", f"/v1/loads loads[{i}]")
         waiting += _int(load, "num_waiting_reqs", f"/v1/loads loads[{i}]")
-        snapshots.append(_snapshot_of(load))
+        taken.append(_number(load.get("timestamp")))
         if isinstance(load.get("max_running_requests"), int):
             max_running = (max_running or 0) + load["max_running_requests"]
         spec = load.get("speculative")
-        if isinstance(spec, dict) and isinstance(spec.get("accept_length"), int | float):
-            accepts.append(float(spec["accept_length"]))
+        accept = _number(spec.get("accept_length")) if isinstance(spec, dict) else None
+        if accept is not None:
+            lifetime.append(accept)
     ts = payload.get("timestamp")
-    return EngineSample(running, waiting, received_at, _accept_mean(accepts), "v1_loads",
-                        max_running, ts if isinstance(ts, str) else None,
-                        _joined(snapshots))
+    return EngineSample(running, waiting, received_at, None, "v1_loads", max_running,
+                        ts if isinstance(ts, str) else None,
+                        snapshot_age=snapshot_age(ts, taken),
+                        accept_lifetime=_accept_mean(lifetime))
 
 
-#: Fields of a /v1/loads entry that SGLang freezes between two refreshes of its load
-#: snapshot; the KV tokens in use move with every decode step, so a new snapshot differs.
-_SNAPSHOT_FIELDS = ("num_running_reqs", "num_used_tokens", "gen_throughput")
-
-
-def _snapshot_of(load: dict[str, Any]) -> tuple[float, ...] | None:
-    spec = load.get("speculative")
-    values = [*(load.get(k) for k in _SNAPSHOT_FIELDS),
-              spec.get("accept_length") if isinstance(spec, dict) else None]
-    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-    return tuple(numbers) if len(numbers) == len(values) else None
-
-
-def _joined(snapshots: list[tuple[float, ...] | None]) -> tuple[float, ...] | None:
-    """One key over the DP ranks; None if a rank has none (an older server: every
-    reading then counts)."""
-    if not snapshots or any(s is None for s in snapshots):
+def snapshot_age(answered: Any, taken: Sequence[float | None]) -> float | None:
+    """Seconds between the oldest rank's snapshot and the answer, both on the engine's
+    clock (0.5.23: per-rank `timestamp` against the answer's ISO `timestamp`); None when
+    either is missing. Never compared with the router's clock, which may be offset."""
+    if not isinstance(answered, str) or not taken or any(t is None for t in taken):
         return None
-    return tuple(v for s in snapshots if s is not None for v in s)
+    try:
+        at = datetime.datetime.fromisoformat(answered)
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=datetime.UTC)
+    oldest = min(t for t in taken if t is not None)
+    return max(0.0, at.timestamp() - oldest)
 
 
 def parse_get_load(payload: Any, received_at: float) -> EngineSample:
@@ -116,35 +127,54 @@ def parse_get_load(payload: Any, received_at: float) -> EngineSample:
     return EngineSample(running, waiting, received_at, None, "get_load")
 
 
-_RANK_COPIES = ("tp_rank", "pp_rank")  # ranks of one batch: every copy shows the same count
+#: Ranks of one batch: every tp/pp/moe_ep copy reports the same count (DP ranks add up).
+_RANK_COPIES = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:spec_accept_length")
+
+_SeriesKey = tuple[tuple[str, str], ...]
 
 
-def parse_metrics(text: str, received_at: float) -> EngineSample:
-    """Prometheus text. Series that differ only in tp_rank/pp_rank describe one batch, so
-    they are deduplicated (max); distinct DP ranks (or other labels) are summed."""
-    per_key: dict[str, dict[tuple[tuple[str, str], ...], float]] = {
-        "sglang:num_running_reqs": {}, "sglang:num_queue_reqs": {}}
-    accepts: list[float] = []
+def _series_key(labels: dict[str, str]) -> _SeriesKey | None:
+    """The batch a series describes, or None for a per-priority breakdown (SGLang writes
+    the total under priority="" and each priority's share beside it)."""
+    if labels.get("priority", "") != "":
+        return None
+    return tuple(sorted((k, v) for k, v in labels.items()
+                        if k not in _RANK_COPIES and k != "priority"))
+
+
+def _metric_gauges(text: str) -> dict[str, dict[_SeriesKey, float]]:
+    """Per gauge of `_GAUGES`, one value per batch (rank copies merged by max)."""
+    gauges: dict[str, dict[_SeriesKey, float]] = {name: {} for name in _GAUGES}
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name in per_key:
-                    key = tuple(sorted((k, v) for k, v in s.labels.items()
-                                       if k not in _RANK_COPIES))
-                    per_key[s.name][key] = max(per_key[s.name].get(key, 0.0), s.value)
-                elif s.name == "sglang:spec_accept_length":
-                    accepts.append(s.value)
+                per_batch = gauges.get(s.name)
+                key = _series_key(s.labels) if per_batch is not None else None
+                if per_batch is not None and key is not None:
+                    per_batch[key] = max(per_batch.get(key, s.value), s.value)
     except ValueError as exc:
         raise TelemetryParseError(f"/metrics: not Prometheus text ({exc})") from None
-    if not per_key["sglang:num_running_reqs"]:
+    return gauges
+
+
+def parse_metrics(text: str, received_at: float) -> EngineSample:
+    """Prometheus text: running and queued requests summed over batches, and the windowed
+    accept length (mean over DP ranks) with the window's identity (the gauge changes only
+    when SGLang folds in 40 new decode batches)."""
+    gauges = _metric_gauges(text)
+    running, queued, accept = (gauges[name] for name in _GAUGES)
+    if not running:
         raise TelemetryParseError("/metrics: no sglang:num_running_reqs gauge")
-    return EngineSample(int(sum(per_key["sglang:num_running_reqs"].values())),
-                        int(sum(per_key["sglang:num_queue_reqs"].values())), received_at,
-                        _accept_mean(accepts), "metrics")
+    window = tuple(v for _, v in sorted(accept.items()))
+    mean = _accept_mean(list(window))
+    return EngineSample(int(sum(running.values())), int(sum(queued.values())), received_at,
+                        mean, "metrics", accept_window=window or None)
 
 
 def parse_server_info_accept(payload: Any) -> float | None:
-    """EAGLE accept length from /server_info internal_states (mean over DP ranks)."""
+    """The lifetime mean accept length in /server_info internal_states (mean over DP
+    ranks): what a server has accepted since it started or last flushed its cache."""
     if not isinstance(payload, dict):
         raise TelemetryParseError("/server_info: expected an object")
     states = payload.get("internal_states")
@@ -173,10 +203,20 @@ def parse_source(source: str, response_text: str, received_at: float) -> EngineS
 # --- poller -------------------------------------------------------------------------------
 
 
+NO_WINDOWED_ACCEPT = (
+    "the router reads no windowed accept length from it: /v1/loads and /server_info carry "
+    "only SGLang's lifetime mean, which does not follow the workload, so the accept length "
+    "counts as unknown and the goodput strategy uses its cost model's nominal accept length "
+    "(start SGLang with --enable-metrics for the sglang:spec_accept_length gauge)")
+
+
 @dataclass
 class _PollState:
     source: str | None = None  # the endpoint that answered last
     polls: int = 0
+    # where the windowed accept length comes from ("metrics"), or why it does not
+    accept: str | None = None
+    accept_missing_logged: bool = False
 
 
 @dataclass
@@ -185,37 +225,48 @@ class TelemetryPoller:
 
     For each backend it tries /v1/loads, /get_load, /metrics in order and sticks to the
     first that answers with a parsable body; on a later failure it searches again.
-    An EAGLE-3 backend whose source lacks the accept length gets /server_info read
-    every `accept_every` polls (it is a heavier call). A failed poll publishes nothing:
-    the load view then ages the last sample out (staleness) instead of trusting zeros.
+    An EAGLE-3 backend whose load source is not /metrics gets /metrics read every
+    `accept_every` polls for the windowed accept length (`publish_accept`); without it
+    (SGLang started without --enable-metrics) the accept length is unknown, said once
+    in the log and in `accept_status`. A failed poll publishes nothing: the load view
+    then ages the last sample out (staleness) instead of trusting zeros. A poll that
+    fails for the router's own lack of resources changes nothing (`LocalFailure`).
 
-    `publish(name, sample)` and `publish_accept(name, accept, received_at)` are usually
-    `LoadView.publish` and `LoadView.publish_accept_length`.
+    `publish(name, sample)` and `publish_accept(name, sample)` are usually
+    `LoadView.publish` and `LoadView.publish_accept`.
     """
 
     backends: Sequence[Backend]
     publish: Callable[[str, EngineSample], None]
-    publish_accept: Callable[[str, float, float], None] | None = None
-    # called as each poll is sent (LoadView.poll_started: the credit rule needs the
-    # in-flight count at the moment the engine took its snapshot)
-    poll_started: Callable[[str], None] | None = None
+    publish_accept: Callable[[str, EngineSample], None] | None = None
+    # called as each poll is sent, with the clock (LoadView.poll_started: the credit rule
+    # needs the in-flight count at the moment the engine took its snapshot)
+    poll_started: Callable[[str, float], None] | None = None
     interval: float = 0.1
     timeout: float = 2.0
-    accept_every: int = 10
+    accept_every: int = 5
     client: httpx.AsyncClient | None = None
     clock: Callable[[], float] = time.monotonic
     _states: dict[str, _PollState] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
     _own_client: bool = False
+    _local_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
 
     def __post_init__(self) -> None:
         if self.interval <= 0:
             raise ValueError("interval must be positive")
+        if self.accept_every < 1:
+            raise ValueError("accept_every must be at least 1")
         self._states = {b.name: _PollState() for b in self.backends}
 
     def source_of(self, name: str) -> str | None:
         """The endpoint that worked last for `name` (None before the first success)."""
         return self._states[name].source
+
+    def accept_status(self, name: str) -> str | None:
+        """"metrics" when `name`'s windowed accept length is read, else why it is not
+        (None: not tried yet)."""
+        return self._states[name].accept
 
     async def start(self) -> None:
         """Start one polling loop per backend (a hung one must not delay the others)."""
@@ -254,7 +305,16 @@ class TelemetryPoller:
         st = self._states[backend.name]
         st.polls += 1
         if self.poll_started is not None:
-            self.poll_started(backend.name)
+            self.poll_started(backend.name, self.clock())
+        try:
+            return await self._poll_sources(backend, st)
+        except LocalFailure as exc:
+            self._local_log.warning(
+                backend.name, "telemetry poll of %s failed on the router's side (%s): "
+                "the backend keeps its last state", backend.name, exc)
+            return None
+
+    async def _poll_sources(self, backend: Backend, st: _PollState) -> EngineSample | None:
         order = [st.source] if st.source else []
         order += [s for s in SOURCES if s not in order]
         for source in order:
@@ -262,41 +322,66 @@ class TelemetryPoller:
             if sample is not None:
                 st.source = source
                 self.publish(backend.name, sample)
-                if backend.pool == "eagle" and sample.accept_length is None:
-                    await self._maybe_server_info(backend, st)
+                if backend.pool == "eagle":
+                    await self._windowed_accept(backend, st, sample)
                 return sample
         st.source = None
         return None
 
-    async def _get(self, backend: Backend, path: str) -> httpx.Response:
+    async def _get(self, backend: Backend, path: str) -> httpx.Response | None:
+        """The answer, None when the backend did not give one, or LocalFailure."""
         assert self.client is not None, "call start() or pass a client"
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
-        return await self.client.get(backend.url.rstrip("/") + path, headers=headers,
-                                     timeout=self.timeout)
+        try:
+            return await self.client.get(backend.url.rstrip("/") + path, headers=headers,
+                                         timeout=self.timeout)
+        except (httpx.HTTPError, OSError) as exc:
+            local = local_resource_error(exc)
+            if local is not None:
+                raise LocalFailure(f"{path}: {local}") from exc
+            return None
 
     async def _try(self, backend: Backend, source: str) -> EngineSample | None:
-        try:
-            resp = await self._get(backend, PATHS[source])
-        except httpx.HTTPError:
-            return None
-        if resp.status_code != 200:
+        resp = await self._get(backend, PATHS[source])
+        if resp is None or resp.status_code != 200:
             return None
         try:
             return parse_source(source, resp.text, self.clock())
         except TelemetryParseError:
             return None
 
-    async def _maybe_server_info(self, backend: Backend, st: _PollState) -> None:
+    async def _windowed_accept(self, backend: Backend, st: _PollState,
+                               sample: EngineSample) -> None:
+        if sample.accept_window is not None:
+            self._accept_found(backend, st)  # the load source is /metrics itself
+            return
         if self.publish_accept is None or (st.polls - 1) % self.accept_every:
             return
-        for path in ("/server_info", "/get_server_info"):
-            try:
-                resp = await self._get(backend, path)
-                if resp.status_code != 200:
-                    continue
-                accept = parse_server_info_accept(resp.json())
-            except (httpx.HTTPError, ValueError):
-                continue
-            if accept is not None:
-                self.publish_accept(backend.name, accept, self.clock())
+        resp = await self._get(backend, PATHS["metrics"])
+        if resp is None:
+            return  # no answer: the next read tells
+        if resp.status_code != 200:
+            self._accept_missing(backend, st, f"/metrics answers HTTP {resp.status_code}")
             return
+        try:
+            reading = parse_metrics(resp.text, self.clock())
+        except TelemetryParseError as exc:
+            self._accept_missing(backend, st, str(exc))
+            return
+        if reading.accept_window is None:
+            self._accept_missing(backend, st, "/metrics has no sglang:spec_accept_length")
+            return
+        self._accept_found(backend, st)
+        self.publish_accept(backend.name, reading)
+
+    def _accept_found(self, backend: Backend, st: _PollState) -> None:
+        if st.accept_missing_logged:
+            log.info("backend %s: the windowed accept length is read from /metrics again",
+                     backend.name)
+        st.accept, st.accept_missing_logged = "metrics", False
+
+    def _accept_missing(self, backend: Backend, st: _PollState, why: str) -> None:
+        st.accept = f"none: {why}"
+        if not st.accept_missing_logged:
+            st.accept_missing_logged = True
+            log.warning("backend %s: %s; %s", backend.name, why, NO_WINDOWED_ACCEPT)

@@ -1,10 +1,11 @@
 """The accept-length estimate of a group's EAGLE-3 server, from its telemetry readings.
 
 Two averages of the readings: a fast one that the goodput decisions use, and a slow
-trend whose recent peak gates the goodput shadow probe. Each engine snapshot counts
-once, and by the new decode steps and requests behind it. Pure: readings come from a
-`GroupView`, the estimate is returned, never mutated. docs/policy.md section 5 has the
-measurements behind the constants.
+trend whose recent peak gates the goodput shadow probe. The readings are windowed means
+(SGLang's /metrics gauge over its last 40 decode batches), never the lifetime mean of
+/v1/loads or /server_info. Each engine window counts once, and by the requests behind
+it. Pure: readings come from a `GroupView`, the estimate is returned, never mutated.
+docs/policy.md section 5 has the measurements behind the constants.
 """
 
 from __future__ import annotations
@@ -23,12 +24,9 @@ TREND_WEIGHT = 0.1
 #: more, more, up to MAX_BATCH.
 REFERENCE_BATCH = 4
 MAX_BATCH = 16
-#: SGLang reports the mean accept length of the last 40 decode steps and refreshes its
-#: snapshot every 15 steps: a new snapshot is worth 15/40 of a reading.
-SNAPSHOT_NEW_STEPS = 15 / 40
-#: Snapshots that renew the whole 40-step window after a quiet period (the prefill one,
-#: then one per 15 steps); each still holds steps from before the gap.
-RENEW_SNAPSHOTS = 4
+#: Windows that renew the reading after a quiet period: SGLang folds its gauge every 40
+#: decode batches counted across the gap, so the first window holds steps from before it.
+RENEW_WINDOWS = 2
 #: Reference readings the trend must hold before its peak counts (about 1 / its weight).
 PEAK_MIN_EVIDENCE = 10.0
 
@@ -59,11 +57,11 @@ class AcceptEstimate:
     seen_at: float | None = None  # the newest reading seen, folded in or not
     trend: float | None = None
     evidence: float = 0.0  # reference readings folded into the trend
-    # the engine snapshot last folded in (EngineSample.snapshot; for a source without
+    # the engine window last folded in (EngineSample.accept_window; for a source without
     # one, the idle server's accept length)
     last_snapshot: tuple[float, ...] | None = None
     folded_at: float = float("-inf")  # reading time of the last reading folded in
-    # after a quiet period: snapshots still to fold against the decayed average, and
+    # after a quiet period: windows still to fold against the decayed average, and
     # the time of the last reading before the gap
     renew_left: int = 0
     renew_from: float = float("-inf")
@@ -82,7 +80,7 @@ def fold(params: AcceptParams, group: GroupView, estimate: AcceptEstimate,
          nominal: float | None = None) -> AcceptEstimate:
     """`estimate` with the group's newest EAGLE-3 reading folded in.
 
-    A reading already seen, or a snapshot already folded in, changes nothing but
+    A reading already seen, or a window already folded in, changes nothing but
     `seen_at`. The fast average starts at `nominal` (the cost model's accept length)
     when given, so a lone first reading moves it by its weight instead of replacing it.
     """
@@ -93,11 +91,11 @@ def fold(params: AcceptParams, group: GroupView, estimate: AcceptEstimate,
         return estimate
     batch = group.eagle_accept_batch()
     idle = batch is not None and batch <= 0
-    known = group.eagle_accept_snapshot()
+    known = group.eagle_accept_window()
     snapshot = known if known is not None else (accept,) if idle else None
     if snapshot is not None and snapshot == estimate.last_snapshot:
-        return replace(estimate, seen_at=seen_at)  # an idle server repeats its snapshot
-    evidence = _reading_evidence(batch, whole_snapshot=known is not None)
+        return replace(estimate, seen_at=seen_at)  # the engine repeats its window
+    evidence = _reading_evidence(batch)
     keep, renew_left, renew_from = _kept_weight(params, estimate, seen_at, idle,
                                                 known is not None)
     trend = ewma(estimate.trend, accept, _weight(TREND_WEIGHT, evidence, keep))
@@ -115,31 +113,30 @@ def fold(params: AcceptParams, group: GroupView, estimate: AcceptEstimate,
 
 
 def _kept_weight(params: AcceptParams, estimate: AcceptEstimate, seen_at: float, idle: bool,
-                 whole_snapshot: bool) -> tuple[float, int, float]:
+                 whole_window: bool) -> tuple[float, int, float]:
     """(keep, renew_left, renew_from): the weight the average keeps against this reading
     (`_freshness`), and the renewal after a quiet period it is in."""
-    # Only new steps outweigh a stale average: an idle server's snapshot holds old ones.
+    # Only new steps outweigh a stale average: an idle server's window holds old ones.
     fresh_steps = estimate.ewma is not None and not idle
     keep = _freshness(params, seen_at - estimate.folded_at) if fresh_steps else 1.0
     renew_left, renew_from = estimate.renew_left, estimate.renew_from
-    if not whole_snapshot or estimate.ewma is None:
+    if not whole_window or estimate.ewma is None:
         return keep, renew_left, renew_from
     if renew_left == 0 and fresh_steps and keep < 0.5:
-        renew_left, renew_from = RENEW_SNAPSHOTS, estimate.folded_at
-    if renew_left > 0:  # an idle snapshot now holds the renewed steps too
+        renew_left, renew_from = RENEW_WINDOWS, estimate.folded_at
+    if renew_left > 0:  # a window after the gap still holds steps from before it
         return _freshness(params, seen_at - renew_from), renew_left - 1, renew_from
     return keep, renew_left, renew_from
 
 
-def _reading_evidence(batch: int | None, whole_snapshot: bool = False) -> float:
+def _reading_evidence(batch: int | None) -> float:
     """How many reference readings one reading is worth: its scatter falls with the
     square root of the requests it averages, so `batch` requests count
     batch / REFERENCE_BATCH times (capped); an idle server's reading or one without a
-    request count counts once. A whole engine snapshot counts only its new steps."""
-    new_steps = SNAPSHOT_NEW_STEPS if whole_snapshot else 1.0
+    request count counts once."""
     if batch is None:
-        return new_steps
-    return new_steps * min(max(batch, 1), MAX_BATCH) / REFERENCE_BATCH
+        return 1.0
+    return min(max(batch, 1), MAX_BATCH) / REFERENCE_BATCH
 
 
 def _weight(alpha: float, evidence: float, keep: float = 1.0) -> float:

@@ -62,12 +62,12 @@ class BackendMonitor:
         return self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
 
     def acquire(self, key: int, backend: str) -> None:
-        self.view.acquire(backend)
+        self.view.acquire(backend, self.clock())
         if self.cluster is not None:
             self.cluster.acquire(key, backend)
 
     def release(self, key: int, backend: str) -> None:
-        self.view.release(backend)
+        self.view.release(backend, self.clock())
         if self.cluster is not None:
             self.cluster.release(key)
 
@@ -92,13 +92,20 @@ class BackendMonitor:
         """One backend in GET /ready and GET /policy."""
         load = self.view.backends[backend.name]
         health = self.health.describe(backend.name)
+        sample = load.sample
         telemetry: dict[str, Any] = {
             "source": self.poller.source_of(backend.name) if self.poller else None,
             "age_s": load.age(now), "stale": load.is_stale(now, self.view.poll_interval),
+            "snapshot_age_s": None if sample is None else sample.snapshot_age,
             "engine_load": load.engine_load(now, self.view.poll_interval),
-            "running": None if load.sample is None else load.sample.running,
-            "waiting": None if load.sample is None else load.sample.waiting,
+            "running": None if sample is None else sample.running,
+            "waiting": None if sample is None else sample.waiting,
         }
+        if backend.pool == "eagle":
+            telemetry["accept"] = {
+                "windowed": load.accept_length, "lifetime": load.accept_lifetime,
+                "source": self.poller.accept_status(backend.name) if self.poller else None,
+            }
         return {
             "name": backend.name, "url": backend.url, "pool": backend.pool,
             "group": backend.group, "healthy": health["healthy"], "breaker": health["breaker"],
@@ -112,6 +119,7 @@ class BackendMonitor:
         if sample.accept_length is not None:
             self.on_accept(self._groups[name])
 
-    def _publish_accept(self, name: str, accept_length: float, received_at: float) -> None:
-        self.view.publish_accept_length(name, accept_length, received_at)
-        self.on_accept(self._groups[name])
+    def _publish_accept(self, name: str, sample: EngineSample) -> None:
+        self.view.publish_accept(name, sample)
+        if sample.accept_length is not None:
+            self.on_accept(self._groups[name])

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specrouter.observe.loadview import EngineSample, LoadView
+from specrouter.observe.loadview import (
+    HISTORY_S,
+    SNAPSHOT_MAX_AGE_S,
+    EngineSample,
+    InflightHistory,
+    LoadView,
+)
 
 
 def view() -> LoadView:
@@ -20,14 +26,14 @@ def view() -> LoadView:
 def test_credit_rule_counts_dispatches_once() -> None:
     lv = view()
     for _ in range(3):
-        lv.acquire("e0")
+        lv.acquire("e0", 9.0)
     # The engine saw our 3 plus 2 from elsewhere.
     lv.publish("e0", EngineSample(running=4, waiting=1, received_at=10.0))
     assert lv.backend_view("e0", 10.0).engine == 5.0  # not 5 + 3
-    lv.acquire("e0")
-    lv.acquire("e0")  # dispatched since the poll: credited
+    lv.acquire("e0", 10.01)
+    lv.acquire("e0", 10.02)  # dispatched since the poll: credited
     assert lv.backend_view("e0", 10.05).engine == 7.0
-    lv.release("e0")  # one of ours finished since the poll: debited
+    lv.release("e0", 10.03)  # one of ours finished since the poll: debited
     v = lv.backend_view("e0", 10.05)
     assert (v.engine, v.inflight) == (6.0, 4)
     assert (v.load("inflight"), v.load("engine"), v.load("max")) == (4.0, 6.0, 6.0)
@@ -35,33 +41,78 @@ def test_credit_rule_counts_dispatches_once() -> None:
 
 def test_a_request_that_ends_while_the_poll_is_on_the_wire_is_no_phantom() -> None:
     lv = view()
-    lv.acquire("e0")
-    lv.poll_started("e0")  # the engine's snapshot will still hold our one request
-    lv.release("e0")  # it ends before the answer arrives
+    lv.acquire("e0", 9.9)
+    lv.poll_started("e0", 9.95)  # the engine's snapshot will still hold our one request
+    lv.release("e0", 9.97)  # it ends before the answer arrives
     lv.publish("e0", EngineSample(running=1, waiting=0, received_at=10.0))
     assert lv.backend_view("e0", 10.01).engine == 0.0  # not a phantom 1 for a poll interval
     # A request dispatched during the round trip and already in the snapshot: counted once.
-    lv.poll_started("e0")
-    lv.acquire("e0")
+    lv.poll_started("e0", 10.05)
+    lv.acquire("e0", 10.07)
     lv.publish("e0", EngineSample(running=1, waiting=0, received_at=10.1))
     assert lv.backend_view("e0", 10.11).engine == 1.0
 
 
+def test_the_snapshot_age_moves_the_credit_rule_to_the_snapshot_moment() -> None:
+    # SGLang 0.5.23 answers from a snapshot built earlier (its per-rank timestamp): a
+    # request that ended after the snapshot but before the poll is still in its count.
+    lv = view()
+    lv.acquire("e0", 9.0)
+    lv.acquire("e0", 9.0)
+    lv.release("e0", 9.8)  # after the snapshot of 9.6, before the poll of 9.95
+    lv.poll_started("e0", 9.95)
+    lv.publish("e0", EngineSample(2, 0, 10.0, snapshot_age=0.4))
+    assert lv.backend_view("e0", 10.0).engine == 1.0  # not a phantom 2
+    # Without the age the same answer counts the ended request twice... as a phantom.
+    lv.poll_started("e0", 10.05)
+    lv.publish("e0", EngineSample(2, 0, 10.1))
+    assert lv.backend_view("e0", 10.1).engine == 2.0
+    # A request dispatched after the snapshot is credited on top of it.
+    lv.acquire("e0", 10.15)
+    lv.poll_started("e0", 10.2)
+    lv.publish("e0", EngineSample(1, 0, 10.25, snapshot_age=0.2))
+    assert lv.backend_view("e0", 10.25).engine == 2.0
+
+
+def test_an_old_snapshot_is_stale_however_fresh_the_answer() -> None:
+    lv = view()
+    lv.publish("b0", EngineSample(7, 0, 50.0, snapshot_age=0.5))
+    fresh = lv.backend_view("b0", 50.0)
+    assert not fresh.stale and fresh.engine == 7.0
+    assert fresh.telemetry_age == pytest.approx(0.5)  # the snapshot's, not the answer's
+    # A wedged scheduler's snapshot ages while /v1/loads keeps answering it.
+    lv.publish("b0", EngineSample(7, 0, 51.0, snapshot_age=SNAPSHOT_MAX_AGE_S + 0.1))
+    old = lv.backend_view("b0", 51.0)
+    assert old.stale and old.engine is None and old.load("max") == 0.0
+
+
+def test_inflight_history_keeps_the_count_of_every_moment() -> None:
+    h = InflightHistory()
+    for t, count in ((1.0, 1), (2.0, 2), (3.0, 1), (4.0, 0)):
+        h.record(t, count)
+    assert h.peak(2.5, 2.9) == 2  # in force since 2.0
+    assert h.peak(3.5, 5.0) == 1  # 1 until 4.0
+    assert h.peak(0.0, 0.5) == 0  # before the first request
+    h.record(4.0 + HISTORY_S + 1.0, 1)  # older changes are dropped...
+    assert len(h.changes) <= 2
+    assert h.peak(4.5, 4.6) == 0  # ...but the count they left is kept
+
+
 def test_engine_below_inflight_and_floor() -> None:
     lv = view()
-    lv.acquire("e0")
-    lv.acquire("e0")
+    lv.acquire("e0", 0.9)
+    lv.acquire("e0", 0.9)
     lv.publish("e0", EngineSample(0, 0, 1.0))  # engine has not seen them yet
     v = lv.backend_view("e0", 1.0)
     assert (v.load("engine"), v.load("max")) == (0.0, 2.0)
-    lv.release("e0")
-    lv.release("e0")
+    lv.release("e0", 1.0)
+    lv.release("e0", 1.0)
     assert lv.backend_view("e0", 1.0).engine == 0.0  # floored, never negative
 
 
 def test_stale_telemetry_is_ignored_and_counted() -> None:
     lv = view()
-    lv.acquire("b0")
+    lv.acquire("b0", 99.0)
     lv.publish("b0", EngineSample(running=30, waiting=5, received_at=100.0))
     fresh = lv.backend_view("b0", 100.3)  # 3 intervals: still fresh
     assert not fresh.stale and fresh.load("engine") == 35.0
@@ -85,7 +136,7 @@ def test_out_of_order_sample_is_dropped() -> None:
 
 def test_group_load_is_sum_and_accept_length_flows() -> None:
     lv = view()
-    lv.acquire("e0")
+    lv.acquire("e0", 4.0)
     lv.publish("e0", EngineSample(2, 0, 5.0, accept_length=3.1))
     lv.publish("b0", EngineSample(7, 3, 5.0))
     groups = {g.name: g for g in lv.snapshot(5.0, healthy=lambda n: n != "e1")}
@@ -94,7 +145,7 @@ def test_group_load_is_sum_and_accept_length_flows() -> None:
     assert groups["gpu0"].load("inflight") == 1.0
     assert groups["gpu0"].eagle_accept() == (3.1, 5.0)
     assert not groups["gpu1"].any_healthy
-    lv.publish_accept_length("e1", 2.2, 6.0)
+    lv.publish_accept("e1", EngineSample(3, 0, 6.0, accept_length=2.2))
     assert lv.group_view("gpu1", 6.0).eagle_accept() == (2.2, 6.0)
     assert lv.group_view("gpu1", 40.0).eagle_accept() == (None, None)  # too old
 
@@ -102,9 +153,9 @@ def test_group_load_is_sum_and_accept_length_flows() -> None:
 def test_misuse_is_a_clear_error() -> None:
     lv = view()
     with pytest.raises(RuntimeError, match="release without acquire"):
-        lv.release("e0")
+        lv.release("e0", 0.0)
     with pytest.raises(KeyError, match="unknown backend"):
-        lv.acquire("nope")
+        lv.acquire("nope", 0.0)
     with pytest.raises(ValueError, match="already registered"):
         lv.add_backend("e0", "gpu0", "eagle")
 
@@ -122,9 +173,9 @@ def test_credit_rule_equals_engine_truth(ops: list[str], others: int) -> None:
         t += 0.01
         ours = lv.backends["b"].inflight
         if op == "acquire":
-            lv.acquire("b")
+            lv.acquire("b", t)
         elif op == "release" and ours > 0:
-            lv.release("b")
+            lv.release("b", t)
         elif op == "publish":
             lv.publish("b", EngineSample(running=ours + others, waiting=0, received_at=t))
         v = lv.backend_view("b", t)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -31,7 +32,7 @@ def v1_loads_rank(rank: int, running: int, waiting: int, accept: float | None) -
     return d
 
 
-def test_v1_loads_sums_ranks_and_reads_accept_length() -> None:
+def test_v1_loads_sums_ranks_and_keeps_the_lifetime_accept_apart() -> None:
     payload = {
         "timestamp": "2026-12-02T13:00:00.000000+00:00", "version": "0.5.10",
         "dp_rank_count": 2,
@@ -41,18 +42,55 @@ def test_v1_loads_sums_ranks_and_reads_accept_length() -> None:
     }
     s = parse_v1_loads(payload, received_at=7.0)
     assert (s.running, s.waiting, s.total, s.source) == (8, 2, 10, "v1_loads")
-    assert s.accept_length == pytest.approx(3.0) and s.max_running == 96
+    assert s.max_running == 96
     assert s.received_at == 7.0 and s.engine_timestamp == payload["timestamp"]
-    # The snapshot's identity: what SGLang freezes between refreshes, over every rank.
-    assert s.snapshot == (5.0, 4096.0, 812.5, 3.2, 3.0, 4096.0, 812.5, 2.8)
+    # SGLang's speculative.accept_length is the mean since start: never a drift reading.
+    assert s.accept_length is None and s.accept_window is None
+    assert s.accept_lifetime == pytest.approx(3.0)
+    assert s.snapshot_age is None  # 0.5.10 answers live and carries no rank timestamp
 
 
-def test_v1_loads_without_spec_section_and_0_5_23_shape() -> None:
-    payload = {"timestamp": "x", "version": "0.5.23", "dp_rank_count": 1,
-               "loads": [v1_loads_rank(0, 1, 0, None)]}  # no aggregate in 0.5.23
+def v1_loads_0_5_23(answered: str, taken: list[float]) -> dict[str, object]:
+    """0.5.23's shape (entrypoints/v1_loads.py, load_snapshot.py LoadSnapshot.to_dict):
+    no dp_rank_count nor aggregate; every rank with the float `timestamp` of its snapshot."""
+    loads = []
+    for rank, at in enumerate(taken):
+        entry = v1_loads_rank(rank, 2, 1, 1.9)
+        entry.update({"timestamp": at, "num_waiting_uncached_tokens": 0,
+                      "num_active_tokens": 300})
+        loads.append(entry)
+    return {"timestamp": answered, "version": "0.5.23", "accelerator": "NVIDIA H200",
+            "num_accelerators": 1, "loads": loads}
+
+
+def test_v1_loads_0_5_23_snapshot_age_on_the_servers_own_clock() -> None:
+    # The server's wall clock is far from the router's monotonic one: only its own
+    # timestamps are compared (answer built at ...:00.750, oldest rank snapshot at .250).
+    answered = "2026-12-02T13:00:00.750000+00:00"
+    built = datetime.datetime.fromisoformat(answered).timestamp()
+    s = parse_v1_loads(v1_loads_0_5_23(answered, [built - 0.2, built - 0.5]), received_at=3.0)
+    assert (s.running, s.waiting) == (4, 2)
+    assert s.snapshot_age == pytest.approx(0.5)
+    assert s.taken_at == pytest.approx(2.5)
+    # A rank without its timestamp, or an answer without one: the age is unknown.
+    payload = v1_loads_0_5_23(answered, [built])
+    del payload["timestamp"]
+    assert parse_v1_loads(payload, 3.0).snapshot_age is None
+
+
+def test_v1_loads_without_spec_section() -> None:
+    payload = {"timestamp": "x", "version": "0.5.23", "loads": [v1_loads_rank(0, 1, 0, None)]}
     s = parse_v1_loads(payload, 0.0)
-    assert (s.running, s.waiting, s.accept_length) == (1, 0, None)
-    assert s.snapshot is None  # nothing to tell an accept-length reading by
+    assert (s.running, s.waiting, s.accept_length, s.accept_lifetime) == (1, 0, None, None)
+    assert s.snapshot_age is None
+
+
+def test_an_empty_loads_list_is_no_data_not_a_zero_load() -> None:
+    # 0.5.23 answers "loads": [] when its snapshot reader is not attached.
+    payload = {"timestamp": "2026-12-02T13:00:00+00:00", "version": "0.5.23",
+               "accelerator": "NVIDIA H200", "num_accelerators": 1, "loads": []}
+    with pytest.raises(TelemetryParseError, match="no data"):
+        parse_v1_loads(payload, 0.0)
 
 
 def test_get_load_num_reqs_includes_waiting() -> None:
@@ -90,13 +128,72 @@ def test_metrics_text() -> None:
     # Two TP ranks of one batch report the same counts: counted once.
     s = parse_metrics(sglang_metrics_text([4, 4], [1, 1], 2.7), 3.0)
     assert (s.running, s.waiting, s.source) == (4, 1, "metrics")
-    assert s.accept_length == pytest.approx(2.7)
+    assert s.accept_length == pytest.approx(2.7) and s.accept_window == (2.7,)
     # Two DP ranks are two batches: summed.
     s = parse_metrics(sglang_metrics_text([4, 2], [1, 0], 2.7, rank="dp_rank"), 3.0)
     assert (s.running, s.waiting) == (6, 1)
-    assert s.accept_length == pytest.approx(2.7)
+    assert s.accept_length == pytest.approx(2.7) and s.accept_window == (2.7, 2.7)
     s = parse_metrics(sglang_metrics_text([3], [0], None), 3.0)
-    assert (s.running, s.waiting, s.accept_length) == (3, 0, None)
+    assert (s.running, s.waiting, s.accept_length, s.accept_window) == (3, 0, None, None)
+
+
+SCHEDULER_LABELS = 'model_name="llama",engine_type="unified"'
+
+
+def exposition(lines: list[str]) -> str:
+    """Prometheus text as SGLang's scheduler collector writes it (metrics_collector.py)."""
+    return "\n".join([
+        "# HELP sglang:num_running_reqs The number of running requests.",
+        "# TYPE sglang:num_running_reqs gauge",
+        *[ln for ln in lines if ln.startswith("sglang:num_running_reqs")],
+        "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.",
+        "# TYPE sglang:num_queue_reqs gauge",
+        *[ln for ln in lines if ln.startswith("sglang:num_queue_reqs")],
+        "# HELP sglang:spec_accept_length The average acceptance length of speculative decoding.",
+        "# TYPE sglang:spec_accept_length gauge",
+        *[ln for ln in lines if ln.startswith("sglang:spec_accept_length")],
+    ]) + "\n"
+
+
+def test_metrics_priority_breakdown_is_not_counted_twice() -> None:
+    # With priority scheduling SGLang writes the total under priority="" and each
+    # priority's share beside it (_log_gauge_queue_count).
+    ranks = f'{SCHEDULER_LABELS},tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+    text = exposition([
+        f'sglang:num_running_reqs{{{ranks},priority=""}} 7.0',
+        f'sglang:num_running_reqs{{{ranks},priority="0"}} 5.0',
+        f'sglang:num_running_reqs{{{ranks},priority="10"}} 2.0',
+        f'sglang:num_queue_reqs{{{ranks},priority=""}} 3.0',
+        f'sglang:num_queue_reqs{{{ranks},priority="10"}} 3.0',
+        f'sglang:spec_accept_length{{{ranks},priority=""}} 2.4',
+    ])
+    s = parse_metrics(text, 1.0)
+    assert (s.running, s.waiting) == (7, 3)
+    assert s.accept_length == pytest.approx(2.4)
+
+
+def test_metrics_moe_ep_copies_once_dp_ranks_summed() -> None:
+    # Expert-parallel ranks run one batch (moe_ep_rank copies, like tp/pp); DP ranks
+    # are separate batches.
+    lines = []
+    for dp, (running, accept) in enumerate(((6, 2.0), (4, 3.0))):
+        for ep in range(4):
+            labels = (f'{SCHEDULER_LABELS},tp_rank="{ep}",pp_rank="0",'
+                      f'moe_ep_rank="{ep}",dp_rank="{dp}"')
+            lines += [f"sglang:num_running_reqs{{{labels}}} {running}.0",
+                      f"sglang:num_queue_reqs{{{labels}}} 1.0",
+                      f"sglang:spec_accept_length{{{labels}}} {accept}"]
+    s = parse_metrics(exposition(lines), 1.0)
+    assert (s.running, s.waiting) == (10, 2)
+    assert s.accept_length == pytest.approx(2.5) and s.accept_window == (2.0, 3.0)
+
+
+def test_metrics_accept_before_the_first_fold_is_no_reading() -> None:
+    # SGLang's gauge reads 0 until 40 decode batches were folded in.
+    labels = f'{SCHEDULER_LABELS},tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+    s = parse_metrics(exposition([f"sglang:num_running_reqs{{{labels}}} 1.0",
+                                  f"sglang:spec_accept_length{{{labels}}} 0.0"]), 1.0)
+    assert s.accept_length is None and s.accept_window == (0.0,)
 
 
 def test_server_info_accept_length() -> None:
@@ -109,6 +206,7 @@ def test_server_info_accept_length() -> None:
 @pytest.mark.parametrize("source,body,match", [
     ("v1_loads", json.dumps({"loads": [{"num_running_reqs": 1}]}), "num_waiting_reqs"),
     ("v1_loads", json.dumps([1, 2]), "'loads' list"),
+    ("v1_loads", json.dumps({"timestamp": "t", "loads": []}), "no data"),
     ("get_load", json.dumps({"num_reqs": 1}), "list"),
     ("get_load", "<html>", "not JSON"),
     ("metrics", "# HELP x\nfoo 1\n", "num_running_reqs"),

@@ -38,7 +38,7 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
     poller = TelemetryPoller(
         [Backend("e", eagle, "eagle", "gpu0", KEY), Backend("b", base, "baseline", "gpu0", KEY),
          Backend("e-nokey", eagle, "eagle", "gpu1")],
-        lv.publish, lv.publish_accept_length, poll_started=lv.poll_started, interval=0.1)
+        lv.publish, lv.publish_accept, poll_started=lv.poll_started, interval=0.1)
     async with poller:
         await eventually(lambda: all(b.sample is not None for b in lv.backends.values()),
                          30.0, "a first sample from every target")
@@ -57,6 +57,8 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
                 30.0, "a live accept length")
             accept = lv.group_view("gpu0", time.monotonic()).eagle_accept()[0]
             assert accept is not None and 1.0 < accept < 10.0
+            # The load comes from /v1/loads, the windowed accept length from /metrics.
+            assert poller.accept_status("e") == "metrics"
             assert lv.backend_view("b", time.monotonic()).load("engine") == 0.0
         finally:
             for t in tasks:

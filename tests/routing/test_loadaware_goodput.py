@@ -15,12 +15,13 @@ from specrouter.control.holder import LocalPolicyHolder
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.observe.health import HealthChecker
 from specrouter.observe.loadview import EngineSample
-from specrouter.observe.telemetry import parse_v1_loads
+from specrouter.observe.telemetry import parse_metrics, parse_v1_loads
 from specrouter.routing.costsource import profile_model
 from specrouter.routing.loadaware import LoadAwareRouter
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy
 from specrouter.routing.router import RequestInfo, Target
+from tests.observe.test_telemetry_parsers import sglang_metrics_text
 
 EAGLE, BASE = "g0-e", "g0-b"
 GROUP = [Backend(EAGLE, "http://h:1", "eagle", "g0"), Backend(BASE, "http://h:2", "baseline", "g0")]
@@ -222,16 +223,18 @@ def test_a_reading_counts_by_the_requests_behind_it() -> None:
     assert once is not None and again is not None and again < once
 
 
-def poll_loads(router: LoadAwareRouter, clock: Clock, running: int, kv_tokens: int,
-               accept: float) -> None:
-    """One poll of the EAGLE server's /v1/loads as SGLang answers it: the snapshot it
-    last refreshed (the KV tokens in use move with every decode step)."""
-    assert router.monitor.poller is not None
+def poll_gauge(router: LoadAwareRouter, clock: Clock, running: int, accept: float) -> None:
+    """One telemetry round of the EAGLE server as SGLang answers it: the load from
+    /v1/loads (whose accept length is the lifetime mean, unused), the windowed accept
+    length from the /metrics gauge, which changes only when 40 new decode batches are in."""
+    poller = router.monitor.poller
+    assert poller is not None and poller.publish_accept is not None
     clock.now += 0.1
-    load = {"dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
-            "num_used_tokens": kv_tokens, "gen_throughput": 120.0,
-            "speculative": {"accept_length": accept, "accept_rate": 0.5}}
-    router.monitor.poller.publish(EAGLE, parse_v1_loads({"loads": [load]}, clock.now))
+    poller.publish(EAGLE, parse_v1_loads({"loads": [{
+        "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": 0,
+        "speculative": {"accept_length": 2.4, "accept_rate": 0.5}}]}, clock.now))
+    poller.publish_accept(EAGLE, parse_metrics(
+        sglang_metrics_text([running], [0], accept), clock.now))
 
 
 def poll_base(router: LoadAwareRouter, clock: Clock, running: int) -> None:
@@ -240,35 +243,36 @@ def poll_base(router: LoadAwareRouter, clock: Clock, running: int) -> None:
     router.monitor.poller.publish(BASE, EngineSample(running, 0, clock.now))
 
 
-def test_an_engine_snapshot_counts_once_and_only_for_its_new_steps() -> None:
-    # SGLang refreshes /v1/loads every 15 decode steps and averages the accept length
-    # over the last 40: polled ten times, one snapshot is still 15 new steps.
+def test_an_engine_window_counts_once_and_the_lifetime_mean_never() -> None:
+    # SGLang refreshes its accept gauge every 40 decode batches; the router polls faster.
     router, clock = make(goodput_probe_s=0)
-    poll_loads(router, clock, 4, 5000, 3.0)
+    poll_gauge(router, clock, 4, 3.0)
     before = router.group_states()["g0"].accept.ewma
-    poll_loads(router, clock, 4, 5060, 2.0)
+    poll_gauge(router, clock, 4, 2.0)
     after = router.group_states()["g0"].accept.ewma
     assert before is not None and after is not None
-    assert (before - after) / (before - 2.0) == pytest.approx(1 - 0.7 ** (15 / 40))
+    assert (before - after) / (before - 2.0) == pytest.approx(0.3)  # a whole new window
     for _ in range(10):
-        poll_loads(router, clock, 4, 5060, 2.0)
+        poll_gauge(router, clock, 4, 2.0)
     assert router.group_states()["g0"].accept.ewma == after
-    # A new snapshot with the same accept length is new steps: it counts (a workload
-    # whose every draft is accepted reads the same value in every snapshot).
-    poll_loads(router, clock, 4, 5120, 2.0)
-    again = router.group_states()["g0"].accept.ewma
-    assert again is not None and again < after
+    # /v1/loads alone (its lifetime mean of 2.4 in every poll) moves nothing.
+    for _ in range(10):
+        clock.now += 0.1
+        assert router.monitor.poller is not None
+        router.monitor.poller.publish(EAGLE, parse_v1_loads({"loads": [{
+            "dp_rank": 0, "num_running_reqs": 4, "num_waiting_reqs": 0,
+            "speculative": {"accept_length": 2.4, "accept_rate": 0.5}}]}, clock.now))
+    assert router.group_states()["g0"].accept.ewma == after
 
 
 def test_a_lone_requests_unlucky_window_barely_moves_the_average() -> None:
     # The seed-coding c=1 failure: one request's 40-step window read 1.6 (mean 2.0).
-    # Polled at every 0.1 s, each snapshot of it used to count, and the average
-    # followed that one window to the baseline.
+    # Polled at every 0.1 s, that window must count once, and as one request's.
     router, clock = make(goodput_probe_s=0)
     for i in range(40):
-        poll_loads(router, clock, 1, 1000 + 15 * (i // 3), 2.0 if i < 30 else 1.6)
-    # Four snapshots of the window (every one polled three times) move it 0.05, not 0.24;
-    # at seed-coding load 1 the baseline needs it below 1.74.
+        poll_gauge(router, clock, 1, 2.0 + 0.01 * (i // 10) if i < 30 else 1.6)
+    # One window of one request moves it 0.03, not 0.24; at seed-coding load 1 the
+    # baseline needs it below 1.74.
     state = router.group_states()["g0"]
     assert state.accept.ewma is not None and state.accept.ewma > 1.9
 
@@ -321,27 +325,24 @@ def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
                for t in asyncio.run(burst(primed(0.01))))
 
 
-def test_a_probe_wins_a_group_back_although_its_first_snapshots_hold_old_steps() -> None:
+def test_a_probe_wins_a_group_back_although_its_first_window_holds_old_steps() -> None:
     # The accept-shift trace's last phase: the average is 1.6 and stale, the probe runs at
-    # accept 3.0, but its first snapshot (prefill) still reads the old window and the
-    # next ones mix old and new steps. Only the decayed average against all of them lets
-    # the probe win the group back (before: 1.70 after the probe, still the baseline).
+    # accept 3.0, but SGLang counts its 40-batch windows across the quiet period, so the
+    # first window still holds old steps. Only the decayed average against both windows
+    # of the renewal lets the probe win the group back.
     router, clock = make(goodput_probe_s=3.0)
-    kv = 1000
-    for accept in [3.0] * 100 + [1.6] * 100:
-        kv += 50
-        poll_loads(router, clock, 24, kv, accept)
+    for accept in [3.0, 3.01] * 20 + [1.6, 1.61] * 20:
+        poll_gauge(router, clock, 24, accept)
         poll_base(router, clock, 0)
     for _ in range(LOAD):
         router.acquire(Target("g0", "baseline", GROUP[1], "held"))
     assert router.choose(CHAT).pool == "baseline"
     for _ in range(60):
-        poll_loads(router, clock, 0, kv, 1.6)
+        poll_gauge(router, clock, 0, 1.61)
         poll_base(router, clock, LOAD)
     assert router.choose(CHAT).probe is not None
-    for running, accept in ((1, 1.6), (1, 2.1), (1, 2.65), (0, 3.1)):
-        kv += 15
-        poll_loads(router, clock, running, kv, accept)
+    for running, accept in ((1, 2.2), (1, 3.0), (0, 3.0)):
+        poll_gauge(router, clock, running, accept)
         poll_base(router, clock, LOAD)
     state = router.group_states()["g0"]
     assert state.accept.ewma is not None and state.accept.ewma > 2.9
