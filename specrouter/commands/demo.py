@@ -17,10 +17,13 @@ import socket
 import subprocess
 import sys
 import time
+from types import FrameType
 
 import httpx
 import uvicorn
 
+from specrouter.commands.children import die_with_parent
+from specrouter.commands.descriptors import DescriptorBudgetError, fit_descriptor_budget
 from specrouter.commands.serve import uvicorn_config
 from specrouter.config import ConfigError, Settings, load_settings
 
@@ -60,8 +63,9 @@ def start_simulator(
         "--profile", profile, "--time-scale", str(time_scale),
     ]
     # Own session: Ctrl-C in the terminal reaches the router only, which then stops the
-    # simulator in order (instead of both dying at once mid-request).
-    return subprocess.Popen(argv, start_new_session=True)
+    # simulator in order (instead of both dying at once mid-request). The parent-death
+    # signal stops it when the demo is killed without a chance to clean up.
+    return subprocess.Popen(argv, start_new_session=True, preexec_fn=die_with_parent())
 
 
 def wait_for_models(url: str, sim: subprocess.Popen[bytes], timeout: float = 30.0) -> str:
@@ -125,10 +129,17 @@ Response headers x-specrouter-pool and x-specrouter-backend say where each reque
 """
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 async def _serve_and_announce(settings: Settings, text: str) -> None:
     from specrouter.assembly import build_app
 
     server = uvicorn.Server(uvicorn_config(settings, build_app(settings)))
+    # SIGHUP (the terminal closed) stops the router like SIGTERM; uvicorn handles only
+    # SIGINT and SIGTERM and would otherwise die at once.
+    signal.signal(signal.SIGHUP, lambda _sig, frame: server.handle_exit(signal.SIGTERM, frame))
     task = asyncio.ensure_future(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
@@ -142,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"specrouter demo: port {args.port} on {args.host} is in use; "
               f"pass --port to pick another", file=sys.stderr)
         return 2
+    # After its graceful shutdown uvicorn raises the signal it caught again; SIGTERM's default
+    # action would end the process before the `finally` below stops the simulator.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     eagle_port, baseline_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
     sim = start_simulator(eagle_port, baseline_port, args.profile, args.time_scale)
     try:
@@ -156,8 +171,9 @@ def run(args: argparse.Namespace) -> int:
                  "pool": "baseline", "group": GROUP},
             ],
         })
+        settings = fit_descriptor_budget(settings).apply(settings)
         asyncio.run(_serve_and_announce(settings, banner(f"http://{args.host}:{args.port}", model)))
-    except (RuntimeError, ConfigError) as exc:
+    except (RuntimeError, ConfigError, DescriptorBudgetError) as exc:
         print(f"specrouter demo: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -31,6 +31,12 @@ from typing import Any
 
 import uvicorn
 
+from specrouter.commands import descriptors
+from specrouter.commands.descriptors import (
+    DescriptorBudgetError,
+    fit_descriptor_budget,
+    merge_overrides,
+)
 from specrouter.config import ConfigError, Settings, load_settings, parse_backend_spec
 from specrouter.edge import Lifecycle, guard
 
@@ -128,8 +134,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         host=settings.listen.host,
         port=settings.listen.port,
         loop="uvloop",
-        # httptools plus request-head size and time limits (slowloris, huge headers).
-        http=guard.PROTOCOL,
+        # httptools plus request-head size and time limits (slowloris, huge headers) and
+        # the connection limit enforced at accept (the descriptor budget).
+        http=descriptors.PROTOCOL,
         limit_concurrency=limits.max_connections,
         timeout_keep_alive=limits.keep_alive_timeout_s,
         lifespan="on",
@@ -168,8 +175,12 @@ def _setup_logging(settings: Settings) -> None:
 def serve(settings: Settings, config_file: str | None = None,
           overrides: dict[str, Any] | None = None) -> None:
     """One process, or `settings.workers` worker processes; each builds its app with
-    `app_from_env` from the same sources."""
+    `app_from_env` from the same sources. Raises DescriptorBudgetError when the descriptor
+    limit cannot hold even a minimal set of connections."""
     _setup_logging(settings)
+    budget = fit_descriptor_budget(settings)  # workers inherit the raised limit
+    settings = budget.apply(settings)
+    overrides = merge_overrides(overrides or {}, budget.overrides())
     log.info("%s", describe(settings))
     os.environ[SOURCE_ENV] = json.dumps({"config": config_file, "overrides": overrides or {}})
     options = uvicorn_options(settings)
@@ -257,5 +268,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"specrouter serve: {exc}", file=sys.stderr)
         return 2
-    serve(settings, args.config, overrides)
+    try:
+        serve(settings, args.config, overrides)
+    except DescriptorBudgetError as exc:
+        print(f"specrouter serve: refused: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv, wait_until
 
@@ -42,3 +43,33 @@ def test_demo_commands_work_as_printed_and_ctrl_c_stops_everything(
             raise AssertionError(f"{url} still answers after Ctrl-C")
         except httpx.ConnectError:
             pass
+
+
+def _refuses(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=1.0)
+    except httpx.ConnectError:
+        return True
+    except httpx.HTTPError:
+        pass
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
+                         ids=["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_demo_stopped_by_a_signal_leaves_no_simulator_behind(
+    process_factory: list[ManagedProcess], sig: signal.Signals,
+) -> None:
+    port = free_port()
+    demo = ManagedProcess(specrouter_argv("demo", "--port", str(port), "--time-scale", "0.05"))
+    process_factory.append(demo.start())
+    wait_until(lambda: "Press Ctrl-C to stop" in demo.output(), 60, "the demo banner")
+    engines = re.findall(r"(?:eagle|baseline)=(http://127\.0\.0\.1:\d+)", demo.output())
+    assert len(engines) == 2
+
+    demo.signal(sig)
+    assert demo.proc is not None
+    code = demo.proc.wait(30)
+    assert code == (-signal.SIGKILL if sig == signal.SIGKILL else 0), demo.output()[-2000:]
+    for url in engines:  # a SIGKILLed demo runs no cleanup: the parent-death signal does it
+        wait_until(lambda url=url: _refuses(url), 15, f"the simulator at {url} to stop")

@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
+from specrouter.commands.descriptors import plan_budget
 from specrouter.config import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,3 +141,13 @@ def test_router_env_names_are_the_ones_the_router_reads(monkeypatch: pytest.Monk
     assert settings.admin_token is not None
     assert settings.admin_token.get_secret_value() == "s3cret-token-for-test"
     assert settings.listen.port == 8123
+
+
+def test_the_router_gets_a_nofile_limit_that_holds_its_connections() -> None:
+    nofile = raw_compose()["services"]["router"]["ulimits"]["nofile"]
+    assert nofile["soft"] == nofile["hard"] >= 65536
+    settings = load_settings(overrides={"backends": [
+        {"name": "e", "url": "http://eagle:30000", "pool": "eagle", "group": "gpu0"},
+        {"name": "b", "url": "http://baseline:30001", "pool": "baseline", "group": "gpu0"}]},
+        environ={})
+    assert not plan_budget(settings, nofile["soft"]).lowered  # the defaults fit unchanged
