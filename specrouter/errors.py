@@ -30,13 +30,17 @@ class RouterError(Exception):
     """An error the router answers itself, before any upstream byte reached the client."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        # Sent with the answer: `retry-after` when the router is out of capacity.
+        self.headers: list[tuple[bytes, bytes]] = (
+            [] if retry_after_s is None else [(b"retry-after", str(retry_after_s).encode())])
 
     def body(self) -> bytes:
         return openai_error_body(self.status, self.message, param=self.param, code=self.code)

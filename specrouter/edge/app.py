@@ -126,7 +126,7 @@ def create_app(
     backend; `extra_routes` (admin, metrics) are matched before the `/v1/*` catch-all."""
     owned = upstreams is None
     upstreams = upstreams if upstreams is not None else create_upstreams(
-        router.backends, settings.timeouts, settings.upstream
+        router.backends, settings.timeouts, settings.upstream, settings.limits
     )
     proxy = Proxy(settings, router, upstreams)
     lifecycle = Lifecycle()

@@ -27,6 +27,7 @@ from specrouter.errors import RouterError, openai_error_body
 from specrouter.proxy.recall import Recalled, recallable_chunks, unless_recalled
 from specrouter.proxy.request import (
     REQUEST_ID,
+    BodyBudget,
     ClientGone,
     RequestHead,
     RouteKind,
@@ -40,6 +41,7 @@ from specrouter.proxy.response import (
     ended_with_done,
     is_event_stream,
     keep_tail,
+    read_whole,
     response_headers,
     send_json,
     stream_error_trailer,
@@ -47,8 +49,10 @@ from specrouter.proxy.response import (
 )
 from specrouter.proxy.shadow import ShadowProber, probe_body
 from specrouter.proxy.upstream import (
+    RequestBody,
     Upstream,
     UpstreamError,
+    UpstreamLocalError,
     UpstreamResponse,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -76,6 +80,8 @@ class Proxy:
         self.router = router
         self.upstreams = upstreams
         self.max_body = settings.limits.max_body_bytes
+        self.bodies = BodyBudget(settings.limits.max_inflight_body_bytes)
+        self.max_response_body = settings.limits.max_response_body_bytes
         self.body_timeout = settings.limits.body_timeout_s
         self.total_timeout = settings.timeouts.total
         self.retry = settings.retry.enabled
@@ -87,10 +93,10 @@ class Proxy:
             head = parse_head(scope)
             # A client trickling its body must not hold the request (and its memory) forever.
             async with asyncio.timeout(self.body_timeout):
-                body = await read_body(receive, head.content_length, self.max_body)
-            info = request_info(kind, scope["path"], body, head)
+                body = await read_body(receive, head.content_length, self.max_body, self.bodies)
         except RouterError as err:
-            await send_json(send, err.status, err.body(), [(REQUEST_ID, request_id_of(scope))])
+            await send_json(send, err.status, err.body(),
+                            [(REQUEST_ID, request_id_of(scope)), *err.headers])
             return
         except ClientGone:
             return
@@ -99,7 +105,14 @@ class Proxy:
             await send_json(send, late.status, late.body(), [(REQUEST_ID, request_id_of(scope)),
                                                              (b"connection", b"close")])
             return
-        await RequestCycle(self, scope, send, head, body, info).run(receive)
+        try:  # the body's bytes stay taken from the budget until the request ends
+            info = request_info(kind, scope["path"], body, head)
+        except RouterError as err:
+            await send_json(send, err.status, err.body(), [(REQUEST_ID, head.request_id)])
+        else:
+            await RequestCycle(self, scope, send, head, body, info).run(receive)
+        finally:
+            self.bodies.give_back(len(body))
 
 
 class RequestCycle:
@@ -113,7 +126,7 @@ class RequestCycle:
                  "proxy", "router", "send")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
-                 body: bytes, info: RequestInfo) -> None:
+                 body: RequestBody, info: RequestInfo) -> None:
         self.proxy = proxy
         self.router = proxy.router
         self.send = send
@@ -205,6 +218,11 @@ class RequestCycle:
                 self.method, self.path, self.head.upstream_headers(target.backend), self.body,
                 stream=self.info.stream,
             ), target.recall)
+        except UpstreamLocalError as exc:
+            await self._refuse(RouterError(
+                503, f"the router is out of local resources: {exc}", code="overloaded",
+                retry_after_s=1))
+            return
         except UpstreamUnreachable as exc:
             self.router.record_outcome(name, False, str(exc))
             message = f"backend {name} unreachable: {exc}"
@@ -243,7 +261,8 @@ class RequestCycle:
 
     async def _refuse(self, err: RouterError) -> None:
         self.finished = True
-        await send_json(self.send, err.status, err.body(), [(REQUEST_ID, self.head.request_id)])
+        await send_json(self.send, err.status, err.body(),
+                        [(REQUEST_ID, self.head.request_id), *err.headers])
 
     async def _fail(self, target: Target, status: int, message: str) -> None:
         log.warning("request %s: %s", self.head.request_id.decode(), message)
@@ -290,12 +309,13 @@ class RequestCycle:
         return error
 
     async def _relay_buffered(self, response: UpstreamResponse, target: Target) -> str | None:
-        """A non-SSE body: read it whole (bounded by `total`), so a failure while reading
-        can still be answered with a proper status instead of a truncated body."""
+        """A non-SSE body: read it whole (bounded by `total` and by
+        `limits.max_response_body_bytes`), so a failure while reading can still be
+        answered with a proper status instead of a truncated body."""
         name = target.backend.name
         try:
             async with asyncio.timeout(self.proxy.total_timeout):
-                chunks = [chunk async for chunk in response.iter_raw()]
+                body = await read_whole(response, self.proxy.max_response_body)
         except (UpstreamTimeout, TimeoutError) as exc:
             message = f"backend {name} timed out: {exc or 'total timeout'}"
             await self._fail(target, 504, message)
@@ -304,7 +324,6 @@ class RequestCycle:
             message = f"backend {name} failed: {exc}"
             await self._fail(target, 502, message)
             return message
-        body = b"".join(chunks)
         headers = response_headers(response.headers, target, self.head.request_id, len(body))
         self.finished = True
         await self.send({"type": "http.response.start", "status": response.status,

@@ -1,6 +1,7 @@
 """What the proxy reads from a client's request: the head, split once into what forwarding
-needs, and the body, read whole (bounded) and peeked for `model` and `stream` without
-building the message list. The body itself is forwarded untouched."""
+needs, and the body, read whole into one buffer (bounded per request and, through
+`BodyBudget`, for the whole process) and peeked for `model` and `stream` without building
+the message list. The body itself is forwarded untouched."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 from starlette.types import Receive, Scope
 
 from specrouter import backends
 from specrouter.backends import Backend, Pool
 from specrouter.errors import RouterError
-from specrouter.proxy.upstream import RawHeaders
+from specrouter.proxy.upstream import RawHeaders, RequestBody
 from specrouter.routing.router import RequestInfo
 
 HOP_BY_HOP = frozenset({
@@ -122,24 +123,100 @@ def path_and_query(scope: Scope) -> str:
     return f"{path}?{query.decode('latin-1')}" if query else path
 
 
-async def read_body(receive: Receive, declared: int | None, limit: int) -> bytes:
-    """The whole request body, refused with 413 as soon as it exceeds `limit`."""
+class BodyBudget:
+    """The bytes of request bodies this process holds at once, at most `limit`: a request
+    whose body would pass it is refused with 503 and `retry-after` instead of memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> None:
+        if self.held + size > self.limit:
+            raise RouterError(
+                503, f"the router holds {self.held} bytes of request bodies, {size} more would "
+                f"pass its {self.limit} byte limit: retry later", code="overloaded",
+                retry_after_s=1)
+        self.held += size
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+
+
+async def read_body(
+    receive: Receive, declared: int | None, limit: int, budget: BodyBudget
+) -> RequestBody:
+    """The whole request body in one buffer, its size taken from `budget`; the caller gives
+    `len(body)` back when the request ends, and a failure here gives back what it took.
+
+    Refused with 413 as soon as it exceeds `limit`, with 503 when `budget` cannot hold it.
+    A body of one message is that message's bytes; a longer one is copied once, into a
+    buffer of its declared length (or one grown chunk by chunk when none was declared).
+    """
     if declared is not None and declared > limit:
         raise RouterError(413, f"request body of {declared} bytes exceeds the {limit} byte limit")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    first: bytes = message.get("body", b"")
+    more = message.get("more_body", False)
+    if len(first) > limit:
+        raise RouterError(413, f"request body exceeds the {limit} byte limit")
+    taken = len(first) if declared is None or not more else declared
+    budget.take(taken)
+    if not more:
+        return first
+    try:
+        if declared is None:
+            return await _read_growing(receive, bytearray(first), limit, budget)
+        return await _read_declared(receive, first, declared)
+    except BaseException:
+        budget.give_back(taken)
+        raise
+
+
+async def _next_chunk(receive: Receive) -> tuple[bytes, bool]:
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    return message.get("body", b""), message.get("more_body", False)
+
+
+async def _read_declared(receive: Receive, first: bytes, declared: int) -> bytearray:
+    """The rest of a body of a declared length, copied in place into one buffer (the
+    server frames the body by its Content-Length, so it never runs past it)."""
+    body = bytearray(declared)
+    body[:len(first)] = first
+    size, more = len(first), True
+    while more:
+        chunk, more = await _next_chunk(receive)
+        if size + len(chunk) > declared:
+            raise RouterError(400, "request body is longer than its Content-Length")
+        body[size:size + len(chunk)] = chunk
         size += len(chunk)
-        if size > limit:
-            raise RouterError(413, f"request body exceeds the {limit} byte limit")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if size != declared:
+        raise RouterError(400, "request body is shorter than its Content-Length")
+    return body
+
+
+async def _read_growing(
+    receive: Receive, body: bytearray, limit: int, budget: BodyBudget
+) -> bytearray:
+    """The rest of a body without a declared length; each chunk is taken from `budget` as
+    it arrives (and given back here if the read fails)."""
+    grown, more = 0, True
+    try:
+        while more:
+            chunk, more = await _next_chunk(receive)
+            if len(body) + len(chunk) > limit:
+                raise RouterError(413, f"request body exceeds the {limit} byte limit")
+            budget.take(len(chunk))
+            grown += len(chunk)
+            body += chunk
+        return body
+    except BaseException:
+        budget.give_back(grown)
+        raise
 
 
 class _Peek(BaseModel):
@@ -150,7 +227,19 @@ class _Peek(BaseModel):
     stream: Any = None
 
 
-def _peek(body: bytes) -> _Peek:
+# SGLang's request models read `stream` as a lax pydantic bool ("true", "yes", "1", 1 all
+# stream): the router reads it the same way, so both agree on whether a request streams.
+_LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
+def _streams(value: Any) -> bool:
+    try:
+        return value is not None and _LAX_BOOL.validate_python(value)
+    except ValidationError:
+        return False  # the engine refuses the request with its own 400
+
+
+def _peek(body: RequestBody) -> _Peek:
     if not body:
         raise RouterError(400, "request body is empty: expected a JSON object")
     try:
@@ -162,12 +251,14 @@ def _peek(body: bytes) -> _Peek:
         raise RouterError(400, f"request body is not valid JSON: {error['msg']}") from None
 
 
-def request_info(kind: RouteKind, path: str, body: bytes, head: RequestHead) -> RequestInfo:
+def request_info(
+    kind: RouteKind, path: str, body: RequestBody, head: RequestHead
+) -> RequestInfo:
     """What routing sees of the request; a generation body that is not a JSON object is
     refused here with 400."""
     if kind is RouteKind.GENERATE:
         peek = _peek(body)
         model = peek.model if isinstance(peek.model, str) else None
-        return RequestInfo(path, model, peek.stream is True, None, head.pool_header)
+        return RequestInfo(path, model, _streams(peek.stream), None, head.pool_header)
     pool: Pool | None = "baseline" if kind is RouteKind.OTHER_V1 else None
     return RequestInfo(path, None, False, pool, head.pool_header)

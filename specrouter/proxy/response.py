@@ -10,13 +10,16 @@ from starlette.types import Send
 
 from specrouter.errors import JSON_HEADERS, sse_error_event
 from specrouter.proxy.request import HOP_BY_HOP, POOL_HEADER, REQUEST_ID
-from specrouter.proxy.upstream import RawHeaders
+from specrouter.proxy.upstream import RawHeaders, UpstreamOverLimit, UpstreamResponse
 from specrouter.routing.router import Target
 
 log = logging.getLogger("specrouter.proxy")
 
 # Our server writes its own date and server lines; content-length is always ours.
 _NOT_RELAYED = HOP_BY_HOP | {b"date", b"server", b"content-length", REQUEST_ID}
+# The router's own headers (`target_headers`) are set by the router alone: a backend's
+# would reach the client and the router's metrics as if the router had said them.
+_OURS = b"x-specrouter-"
 STREAM_TAIL = 32  # bytes of a stream kept to check that it ended with `data: [DONE]`
 
 
@@ -32,18 +35,56 @@ def target_headers(target: Target, request_id: bytes) -> RawHeaders:
 def response_headers(
     upstream: RawHeaders, target: Target, request_id: bytes, content_length: int | None = None
 ) -> RawHeaders:
-    """Upstream headers minus hop-by-hop ones, plus ours: `content_length` for a buffered
-    body, none (chunked) for a stream, which may gain an error event the upstream never
-    sent."""
+    """Upstream headers minus hop-by-hop ones (the fixed list and those its `connection`
+    header names) and minus any `x-specrouter-*`, plus ours: `content_length` for a
+    buffered body, none (chunked) for a stream, which may gain an error event the upstream
+    never sent."""
+    named = _connection_tokens(upstream)
     headers: RawHeaders = []
     for key, value in upstream:
         lower = key.lower()
-        if lower not in _NOT_RELAYED:
+        if lower not in _NOT_RELAYED and lower not in named and not lower.startswith(_OURS):
             headers.append((lower, value))
     if content_length is not None:
         headers.append((b"content-length", str(content_length).encode()))
     headers.extend(target_headers(target, request_id))
     return headers
+
+
+def _connection_tokens(headers: RawHeaders) -> frozenset[bytes]:
+    tokens: set[bytes] = set()
+    for key, value in headers:
+        if key.lower() == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b","))
+    return frozenset(tokens)
+
+
+async def read_whole(response: UpstreamResponse, limit: int) -> bytes:
+    """A buffered answer's whole body; UpstreamOverLimit as soon as it passes `limit`
+    bytes (from its Content-Length before reading, else while reading), so an endless
+    or huge body costs at most `limit` bytes."""
+    declared = _content_length(response.headers)
+    if declared is not None and declared > limit:
+        raise UpstreamOverLimit(f"response body of {declared} bytes exceeds the router's "
+                                f"{limit} byte limit")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.iter_raw():
+        size += len(chunk)
+        if size > limit:
+            raise UpstreamOverLimit(f"response body exceeds the router's {limit} byte limit")
+        chunks.append(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _content_length(headers: RawHeaders) -> int | None:
+    for key, value in headers:
+        if key.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
 
 
 def is_event_stream(headers: RawHeaders) -> bool:

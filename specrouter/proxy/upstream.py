@@ -1,5 +1,5 @@
 """The seam between the proxy and its HTTP client: `Upstream.open(...) -> UpstreamResponse`,
-three exceptions, and the factory of one client per backend.
+its exceptions, and the factory of one client per backend.
 
 Only `specrouter.proxy.transports` knows which HTTP library talks to the backends, so a
 transport (another library, HTTP/2, a unix socket) is one new module there. Bodies are
@@ -9,13 +9,18 @@ client gets.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
 from specrouter.backends import Backend
-from specrouter.config import TimeoutSettings, UpstreamSettings
+from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 
 RawHeaders = list[tuple[bytes, bytes]]
+#: A request body as read once from the client; forwarded without another copy.
+RequestBody = bytes | bytearray
+# What the router itself runs out of (descriptors, kernel buffers, memory), not the backend.
+_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class UpstreamError(Exception):
@@ -28,6 +33,29 @@ class UpstreamUnreachable(UpstreamError):
 
 class UpstreamTimeout(UpstreamError):
     """The backend did not answer (or went silent) within the configured timeout."""
+
+
+class UpstreamOverLimit(UpstreamError):
+    """The backend's answer passed one of the router's limits (`LimitSettings`: response
+    head size or header count, buffered body size, stream duration); the exchange is cut."""
+
+
+class UpstreamLocalError(UpstreamError):
+    """The router could not start the exchange for want of a local resource (no free file
+    descriptor: EMFILE, ENFILE). Nothing says the backend is unwell, so it is never
+    recorded as a backend failure; the client gets a 503 from the router."""
+
+
+def local_resource_error(exc: BaseException | None) -> OSError | None:
+    """The OSError for a resource the router itself ran out of that `exc` is, or was
+    raised from (what a library such as httpx wraps as a connect error); else None."""
+    for _ in range(8):  # a cause chain is short; a cycle must not loop forever
+        if exc is None:
+            return None
+        if isinstance(exc, OSError) and exc.errno in _LOCAL_ERRNOS:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 class UpstreamResponse(Protocol):
@@ -44,26 +72,31 @@ class UpstreamResponse(Protocol):
 
 class Upstream(Protocol):
     async def open(
-        self, method: str, path: str, headers: RawHeaders, body: bytes, *, stream: bool
+        self, method: str, path: str, headers: RawHeaders, body: RequestBody, *, stream: bool
     ) -> UpstreamResponse:
-        """Send a request and return once the response status and headers arrived.
+        """Send a request and return once the final response status and headers arrived
+        (interim 1xx answers are skipped).
 
         `path` includes the query string. `stream` selects the timeout: a streaming
-        response must start within `first_byte` and never go silent for longer; a
-        non-streaming one may take up to `total` to start.
+        response must start within `first_byte`, never go silent for longer and, when
+        `limits.max_stream_duration_s` is set, end within it; a non-streaming one may take
+        up to `total` to start. A head over `limits.max_response_head_bytes` or
+        `limits.max_response_headers` raises UpstreamOverLimit; no free descriptor raises
+        UpstreamLocalError.
         """
 
     async def aclose(self) -> None: ...
 
 
 def create_upstreams(
-    backends: Sequence[Backend], timeouts: TimeoutSettings, upstream: UpstreamSettings
+    backends: Sequence[Backend], timeouts: TimeoutSettings, upstream: UpstreamSettings,
+    limits: LimitSettings,
 ) -> Mapping[str, Upstream]:
     """One client per backend, of the configured transport."""
     if upstream.transport == "httpx":
         from specrouter.proxy.transports.httpx import HttpxUpstream
 
-        return {b.name: HttpxUpstream(b, timeouts, upstream) for b in backends}
+        return {b.name: HttpxUpstream(b, timeouts, upstream, limits) for b in backends}
     from specrouter.proxy.transports.native import NativeUpstream
 
-    return {b.name: NativeUpstream(b, timeouts, upstream) for b in backends}
+    return {b.name: NativeUpstream(b, timeouts, upstream, limits) for b in backends}

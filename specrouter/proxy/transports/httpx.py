@@ -1,32 +1,53 @@
-"""The httpx transport: an `httpx.AsyncClient` per backend, raw bytes relayed as they come."""
+"""The httpx transport: an `httpx.AsyncClient` per backend, raw bytes relayed as they come.
+
+httpcore skips interim 1xx answers and refuses a response head over 100 KiB (h11's
+incomplete-event limit); the router's own head limits apply within that.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import httpx
 
 from specrouter.backends import Backend
-from specrouter.config import TimeoutSettings, UpstreamSettings
+from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.proxy.upstream import (
     RawHeaders,
+    RequestBody,
     UpstreamError,
+    UpstreamLocalError,
+    UpstreamOverLimit,
     UpstreamTimeout,
     UpstreamUnreachable,
+    local_resource_error,
 )
 
 
 class HttpxResponse:
-    __slots__ = ("_response", "headers", "status")
+    __slots__ = ("_deadline", "_limit_s", "_response", "headers", "status")
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, limit_s: float | None) -> None:
         self._response = response
+        self._limit_s = limit_s
+        loop = asyncio.get_running_loop()
+        self._deadline = None if limit_s is None else loop.time() + limit_s
         self.status = response.status_code
         self.headers: RawHeaders = response.headers.raw
 
     async def iter_raw(self) -> AsyncIterator[bytes]:
+        chunks = self._response.aiter_raw()
         try:
-            async for chunk in self._response.aiter_raw():
+            while True:
+                try:  # the deadline bounds the waits only, never the consumer's work
+                    async with asyncio.timeout_at(self._deadline):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise UpstreamOverLimit(f"the answer took longer than the router's "
+                                            f"{self._limit_s:g} s stream limit") from None
                 yield chunk
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(_describe(exc)) from exc
@@ -41,9 +62,12 @@ class HttpxUpstream:
     """httpx.AsyncClient bound to one backend's base URL."""
 
     def __init__(
-        self, backend: Backend, timeouts: TimeoutSettings, limits: UpstreamSettings,
-        transport: httpx.AsyncBaseTransport | None = None,
+        self, backend: Backend, timeouts: TimeoutSettings, upstream: UpstreamSettings,
+        limits: LimitSettings, transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        self._max_head_bytes = limits.max_response_head_bytes
+        self._max_headers = limits.max_response_headers
+        self._max_duration = limits.max_stream_duration_s
         self._stream_timeout = httpx.Timeout(
             connect=timeouts.connect, read=timeouts.first_byte,
             write=timeouts.write, pool=timeouts.connect,
@@ -56,8 +80,8 @@ class HttpxUpstream:
             base_url=backend.url,
             timeout=self._total_timeout,
             limits=httpx.Limits(
-                max_connections=limits.max_connections_per_backend,
-                max_keepalive_connections=limits.max_idle_per_backend,
+                max_connections=upstream.max_connections_per_backend,
+                max_keepalive_connections=upstream.max_idle_per_backend,
             ),
             # Never route loopback engine traffic through a proxy from the environment.
             trust_env=False,
@@ -66,15 +90,24 @@ class HttpxUpstream:
         )
 
     async def open(
-        self, method: str, path: str, headers: RawHeaders, body: bytes, *, stream: bool
+        self, method: str, path: str, headers: RawHeaders, body: RequestBody, *, stream: bool
     ) -> HttpxResponse:
         request = self._client.build_request(
-            method, path, headers=headers, content=body,
+            method, path, headers=headers, content=bytes(body),  # httpx takes bytes only
             timeout=self._stream_timeout if stream else self._total_timeout,
         )
         try:
-            response = await self._client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            async with asyncio.timeout(self._max_duration if stream else None):
+                response = await self._client.send(request, stream=True)
+        except TimeoutError:
+            raise UpstreamOverLimit(f"no answer within the router's {self._max_duration:g} s "
+                                    "stream limit") from None
+        except httpx.ConnectError as exc:
+            local = local_resource_error(exc)
+            if local is not None:
+                raise UpstreamLocalError(f"cannot open a connection: {local}") from exc
+            raise UpstreamUnreachable(_describe(exc)) from exc
+        except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise UpstreamUnreachable(_describe(exc)) from exc
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(_describe(exc)) from exc
@@ -84,7 +117,18 @@ class HttpxUpstream:
             raise UpstreamUnreachable(_describe(exc)) from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(_describe(exc)) from exc
-        return HttpxResponse(response)
+        problem = self._head_problem(response.headers.raw)
+        if problem is not None:
+            await response.aclose()
+            raise UpstreamOverLimit(problem)
+        return HttpxResponse(response, self._max_duration if stream else None)
+
+    def _head_problem(self, headers: RawHeaders) -> str | None:
+        if len(headers) > self._max_headers:
+            return f"response head has more than the router's limit of {self._max_headers} headers"
+        if sum(len(k) + len(v) + 4 for k, v in headers) > self._max_head_bytes:
+            return f"response head exceeds the router's {self._max_head_bytes} byte limit"
+        return None
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -3,8 +3,9 @@
 asyncio protocols, httptools (llhttp, the parser uvicorn uses) for responses, and a LIFO
 list of idle keep-alive connections per backend. Checking a connection out or in is O(1);
 per body chunk the cost is one parser callback and one list append. It speaks only what
-the router needs: one request per connection at a time, bodies sent whole, responses
-streamed.
+the router needs: one request per connection at a time, bodies sent whole (a large one in
+slices as the socket drains, never copied), responses streamed, interim 1xx answers
+skipped. A response head is bounded in bytes and header count (`LimitSettings`).
 """
 
 from __future__ import annotations
@@ -19,15 +20,26 @@ from urllib.parse import urlsplit
 import httptools
 
 from specrouter.backends import Backend
-from specrouter.config import TimeoutSettings, UpstreamSettings
+from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.proxy.upstream import (
     RawHeaders,
+    RequestBody,
     UpstreamError,
+    UpstreamLocalError,
+    UpstreamOverLimit,
     UpstreamTimeout,
     UpstreamUnreachable,
+    local_resource_error,
 )
 
 _HIGH_WATER = 1 << 20  # buffered response bytes before reading from the backend pauses
+# A body up to this size goes out in the same write as the head; a larger one in slices
+# of it, each written once the socket drained, so the transport never copies the body.
+_WRITE_SLICE = 256 * 1024
+
+
+class _HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a response head over the limits."""
 
 
 class Connection(asyncio.Protocol):
@@ -39,6 +51,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
+        self._drained: asyncio.Future[None] | None = None  # set while writing is paused
         self._reset()
 
     def _reset(self) -> None:
@@ -56,7 +69,11 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._last_activity = 0.0
         self._timeout = 0.0
+        self._deadline = float("inf")  # when the whole exchange must have ended
         self._timer: asyncio.TimerHandle | None = None
+        self._head_bytes = 0  # raw bytes received before the final head was complete
+        self._header_count = 0
+        self._interim = False  # parsing a 1xx answer, which is skipped
 
     # asyncio.Protocol
 
@@ -66,11 +83,27 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = self._loop.time()
+        in_head = self._head is not None and not self._head.done()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(UpstreamError(f"bad HTTP response from backend: {exc}"))
             self.close()
+            return
+        if in_head and self._head is not None and not self._head.done():
+            # A head still incomplete after this many bytes is refused without waiting for
+            # its end: what httptools buffers stays bounded (the limit plus one read).
+            self._head_bytes += len(data)
+            if self._head_bytes > self._connections.max_head_bytes:
+                self._refuse_head(f"response head exceeds the router's "
+                                  f"{self._connections.max_head_bytes} byte limit")
+
+    def pause_writing(self) -> None:
+        if self._drained is None or self._drained.done():
+            self._drained = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        self._wake_writer()
 
     def eof_received(self) -> bool:
         return False  # let the transport close; connection_lost follows
@@ -78,6 +111,7 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._cancel_timer()
+        self._wake_writer()
         self._connections.forget(self)
         if self._complete or self._head is None:
             return
@@ -91,13 +125,32 @@ class Connection(asyncio.Protocol):
     # httptools callbacks
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        self._head_bytes += len(name) + len(value) + 4
+        limits = self._connections
+        if self._header_count > limits.max_headers:
+            self._refuse_head(f"response head has more than the router's limit of "
+                              f"{limits.max_headers} headers")
+            raise _HeadRefused
+        if self._head_bytes > limits.max_head_bytes:
+            self._refuse_head(f"response head exceeds the router's "
+                              f"{limits.max_head_bytes} byte limit")
+            raise _HeadRefused
         self.headers.append((name, value))
         lower = name.lower()
         if lower == b"content-length" or lower == b"transfer-encoding":
             self._close_delimited = False
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows on
+            # the same connection. Its headers are dropped; its bytes still count.
+            self._interim = True
+            self.headers = []
+            self._header_count = 0
+            return
+        self.status = status
         self._keep_alive = self._parser.should_keep_alive()
         if self.status in (204, 304) or 100 <= self.status < 200:
             self._close_delimited = False
@@ -118,26 +171,47 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self._finish()
 
     # the exchange
 
-    def send_request(
-        self, data: bytes, timeout: float, head_only: bool = False
-    ) -> asyncio.Future[None]:
-        """Write the request; the returned future resolves when the response head arrived."""
+    async def send_request(
+        self, head: bytes, body: RequestBody, timeout: float, head_only: bool = False,
+        max_duration: float | None = None,
+    ) -> None:
+        """Write the request and return when the final response head arrived. `timeout`
+        bounds silence; `max_duration`, if set, the whole exchange."""
         self._reset()
         self._head_only = head_only
         self._head = self._loop.create_future()
         if self.closed:
-            self._head.set_exception(UpstreamUnreachable("backend closed the connection"))
-            return self._head
+            raise UpstreamUnreachable("backend closed the connection")
         self._timeout = timeout
-        self._last_activity = self._loop.time()
-        self._timer = self._loop.call_later(timeout, self._check_idle)
+        self._last_activity = now = self._loop.time()
+        if max_duration is not None:
+            self._deadline = now + max_duration
+        self._timer = self._loop.call_later(min(timeout, self._deadline - now), self._check_idle)
         assert self.transport is not None
-        self.transport.write(data)
-        return self._head
+        if len(body) <= _WRITE_SLICE:
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
+            await self._write_slices(body)
+        await self._head
+
+    async def _write_slices(self, body: RequestBody) -> None:
+        with memoryview(body) as view:
+            for start in range(0, len(view), _WRITE_SLICE):
+                if self.closed or self._error is not None:
+                    return  # the exchange failed; awaiting the head raises its error
+                assert self.transport is not None
+                self.transport.write(view[start:start + _WRITE_SLICE])
+                drained = self._drained
+                if drained is not None and not drained.done():
+                    await drained
 
     async def iter_body(self) -> AsyncIterator[bytes]:
         while True:
@@ -185,11 +259,29 @@ class Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _wake_writer(self) -> None:
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def _refuse_head(self, message: str) -> None:
+        self._fail(UpstreamOverLimit(message))
+        self.close()
+
     def _check_idle(self) -> None:
         """One timer per exchange, re-armed lazily: cheaper than resetting it per chunk."""
-        idle = self._loop.time() - self._last_activity
+        now = self._loop.time()
+        if now >= self._deadline:
+            self._timer = None
+            self._fail(UpstreamOverLimit(
+                f"the answer took longer than the router's "
+                f"{self._connections.max_duration or 0:g} s stream limit"))
+            self.close()
+            return
+        idle = now - self._last_activity
         if idle < self._timeout:
-            self._timer = self._loop.call_later(self._timeout - idle, self._check_idle)
+            left = min(self._timeout - idle, self._deadline - now)
+            self._timer = self._loop.call_later(left, self._check_idle)
             return
         self._timer = None
         self._fail(UpstreamTimeout(f"no data from backend for {self._timeout:g}s"))
@@ -204,7 +296,8 @@ class Connection(asyncio.Protocol):
 class ConnectionPool:
     """Keep-alive connections to one backend: LIFO idle list and a cap on open ones."""
 
-    def __init__(self, url: str, max_connections: int, max_idle: int, connect_timeout: float):
+    def __init__(self, url: str, max_connections: int, max_idle: int, connect_timeout: float,
+                 limits: LimitSettings):
         parts = urlsplit(url)
         self.secure = parts.scheme == "https"
         self.host = parts.hostname or "localhost"
@@ -217,6 +310,9 @@ class ConnectionPool:
         self._max_connections = max_connections
         self._max_idle = max_idle
         self._connect_timeout = connect_timeout
+        self.max_head_bytes = limits.max_response_head_bytes
+        self.max_headers = limits.max_response_headers
+        self.max_duration = limits.max_stream_duration_s
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
         self._connecting = 0
@@ -261,6 +357,9 @@ class ConnectionPool:
                 f"connect to {self.host}:{self.port} timed out after {self._connect_timeout:g}s"
             ) from None
         except OSError as exc:
+            if local_resource_error(exc) is not None:
+                raise UpstreamLocalError(f"cannot open a connection to {self.host}:{self.port}:"
+                                         f" {exc}") from exc
             raise UpstreamUnreachable(f"connect to {self.host}:{self.port} failed: {exc}") from exc
         finally:
             self._connecting -= 1
@@ -316,29 +415,31 @@ class NativeUpstream:
     """The default transport: one ConnectionPool to the backend's URL."""
 
     def __init__(
-        self, backend: Backend, timeouts: TimeoutSettings, upstream: UpstreamSettings
+        self, backend: Backend, timeouts: TimeoutSettings, upstream: UpstreamSettings,
+        limits: LimitSettings,
     ) -> None:
         self._connections = ConnectionPool(
             backend.url, upstream.max_connections_per_backend, upstream.max_idle_per_backend,
-            timeouts.connect)
+            timeouts.connect, limits)
         self._stream_timeout = timeouts.first_byte
         self._total_timeout = timeouts.total
 
     async def open(
-        self, method: str, path: str, headers: RawHeaders, body: bytes, *, stream: bool
+        self, method: str, path: str, headers: RawHeaders, body: RequestBody, *, stream: bool
     ) -> NativeResponse:
         connections = self._connections
         parts = [method.encode(), b" ", connections.prefix, path.encode("latin-1"),
                  b" HTTP/1.1\r\nhost: ", connections.host_header, b"\r\n"]
         for key, value in headers:
             parts += (key, b": ", value, b"\r\n")
-        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body)
-        data = b"".join(parts)
+        parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n")
+        head = b"".join(parts)
         timeout = self._stream_timeout if stream else self._total_timeout
+        max_duration = connections.max_duration if stream else None
         head_only = method == "HEAD"
         conn, reused = await connections.acquire()
         try:
-            await conn.send_request(data, timeout, head_only)
+            await conn.send_request(head, body, timeout, head_only, max_duration)
         except UpstreamUnreachable:
             conn.close()
             if not reused:
@@ -347,7 +448,7 @@ class NativeUpstream:
             # never reached it, so one fresh connection is tried before giving up.
             conn = await connections.connect()
             try:
-                await conn.send_request(data, timeout, head_only)
+                await conn.send_request(head, body, timeout, head_only, max_duration)
             except BaseException:
                 conn.close()
                 raise

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from specrouter.backends import Backend
-from specrouter.config import TimeoutSettings, UpstreamSettings
+from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.proxy.transports.native import NativeUpstream
 
 ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
@@ -37,7 +37,7 @@ def test_a_cancel_as_the_connection_completes_is_not_swallowed() -> None:
         server = await _server()
         port = server.sockets[0].getsockname()[1]
         upstream = NativeUpstream(Backend("b", f"http://127.0.0.1:{port}", "eagle", "g"),
-                                  TimeoutSettings(), UpstreamSettings())
+                                  TimeoutSettings(), UpstreamSettings(), LimitSettings())
         loop = asyncio.get_running_loop()
         real = loop.create_connection
         caller: asyncio.Task[Any] | None = None

@@ -1,0 +1,29 @@
+"""What the client gets of a backend's headers: never the router's own `x-specrouter-*`
+from a backend, never a hop-by-hop header, including those the backend's `connection`
+header names."""
+
+from __future__ import annotations
+
+from specrouter.backends import Backend
+from specrouter.proxy.response import response_headers
+from specrouter.routing.router import Target
+
+TARGET = Target("g", "baseline", Backend("b0", "http://b0", "baseline", "g"), "load")
+
+
+def test_a_backend_cannot_set_the_routers_own_headers() -> None:
+    upstream = [(b"X-SpecRouter-Pool", b"evil"), (b"x-specrouter-backend", b"evil"),
+                (b"x-specrouter-reason", b"evil"), (b"x-specrouter-anything", b"evil"),
+                (b"content-type", b"application/json")]
+    headers = response_headers(upstream, TARGET, b"rid", 2)
+    assert b"evil" not in b"".join(v for _, v in headers)
+    assert dict(headers)[b"x-specrouter-pool"] == b"baseline"
+    assert [k for k, _ in headers].count(b"x-specrouter-pool") == 1
+
+
+def test_headers_the_connection_header_names_are_hop_by_hop() -> None:
+    upstream = [(b"Connection", b"keep-alive, X-Secret ,x-trace"), (b"x-secret", b"1"),
+                (b"X-Trace", b"2"), (b"x-kept", b"3"), (b"keep-alive", b"timeout=5")]
+    names = [k for k, _ in response_headers(upstream, TARGET, b"rid")]
+    assert b"x-kept" in names
+    assert not {b"connection", b"x-secret", b"x-trace", b"keep-alive"} & set(names)
