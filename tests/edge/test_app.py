@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -15,7 +16,13 @@ from starlette.types import ASGIApp
 from specrouter.backends import Backend
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
-from specrouter.proxy.upstream import RawHeaders, UpstreamResponse, UpstreamUnreachable
+from specrouter.proxy.upstream import (
+    RawHeaders,
+    RequestBody,
+    UpstreamLocalError,
+    UpstreamResponse,
+    UpstreamUnreachable,
+)
 from specrouter.routing.arrivals import GENERATION_PATHS
 from specrouter.routing.router import NoBackendAvailable, RequestInfo, Target
 
@@ -189,3 +196,87 @@ def test_models_are_the_union_of_the_backends_lists() -> None:
     response = asyncio.run(call(app, "GET", "/v1/models"))
     assert response.status_code == 200
     assert [m["id"] for m in response.json()["data"]] == ["a", "b", "c"]
+
+
+class EndlessAnswer:
+    """A JSON answer whose body never ends; `closed` once the proxy let go of it."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.headers: RawHeaders = [(b"content-type", b"application/json")]
+        self.sent = 0
+        self.closed = False
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
+        while not self.closed:
+            self.sent += 65536
+            yield b"a" * 65536
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class EndlessBackend(FakeBackend):
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = EndlessAnswer()
+
+    async def open(self, method: str, path: str, headers: RawHeaders, body: RequestBody, *,
+                   stream: bool) -> UpstreamResponse:
+        return self.answer
+
+
+class LocalErrorBackend(FakeBackend):
+    async def open(self, method: str, path: str, headers: RawHeaders, body: RequestBody, *,
+                   stream: bool) -> UpstreamResponse:
+        raise UpstreamLocalError("cannot open a connection: [Errno 24] Too many open files")
+
+
+def limited_app(router: ListRouter, e0: FakeBackend, b0: FakeBackend,
+                **limits: int) -> SpecRouterApp:
+    settings = load_settings(environ={}, overrides={"limits": limits, "backends": [
+        {"name": b.name, "url": b.url, "pool": b.pool, "group": b.group} for b in BACKENDS]})
+    return create_app(settings, router, {"e0": e0, "b0": b0})
+
+
+def test_a_buffered_answer_over_the_limit_is_502_and_the_upstream_is_closed() -> None:
+    router, e0 = ListRouter(), EndlessBackend()
+    app = limited_app(router, e0, FakeBackend(), max_response_body_bytes=1 << 20)
+    response = asyncio.run(call(app, "POST", "/v1/completions", json=CHAT))
+    assert response.status_code == 502
+    assert "exceeds the router's 1048576 byte limit" in response.json()["error"]["message"]
+    assert e0.answer.closed and e0.answer.sent <= (1 << 20) + 65536
+    assert router.held == {"e0": 0, "b0": 0}
+
+
+def test_no_local_descriptor_is_503_and_never_blamed_on_the_backend() -> None:
+    router = ListRouter()
+    app = make_app(router, LocalErrorBackend(), FakeBackend())
+    response = asyncio.run(call(app, "POST", "/v1/chat/completions", json=CHAT))
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    error = response.json()["error"]
+    assert error["code"] == "overloaded" and "Too many open files" in error["message"]
+    assert router.outcomes == []  # no backend failure recorded, no retry elsewhere
+    assert router.held == {"e0": 0, "b0": 0}
+
+
+def test_request_bodies_held_at_once_are_bounded_then_given_back() -> None:
+    router, e0 = ListRouter(), FakeBackend(hang=True)
+    app = limited_app(router, e0, FakeBackend(), max_body_bytes=1000,
+                      max_inflight_body_bytes=1500)
+    big = {**CHAT, "pad": "x" * 800}
+
+    async def scenario() -> None:
+        held = asyncio.ensure_future(call(app, "POST", "/v1/chat/completions", json=big))
+        while not e0.paths:  # the first request is at its backend, its body held
+            await asyncio.sleep(0)
+        refused = await call(app, "POST", "/v1/chat/completions", json=big)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert 800 < app.proxy.bodies.held <= 1000
+        held.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await held
+        assert app.proxy.bodies.held == 0
+
+    asyncio.run(scenario())
