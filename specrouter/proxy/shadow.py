@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from specrouter.proxy.upstream import RawHeaders, Upstream, UpstreamError
+from specrouter.proxy.upstream import RawHeaders, RequestBody, Upstream, UpstreamError
 from specrouter.routing.router import Router, Target
 from specrouter.tasks import cancel_and_wait
 
@@ -33,7 +33,7 @@ _DROPPED = ("stream", "stream_options", "n", "best_of", "logprobs", "top_logprob
             "echo", "return_logprob", "return_hidden_states")
 
 
-def probe_body(path: str, body: bytes, max_tokens: int) -> bytes | None:
+def probe_body(path: str, body: RequestBody, max_tokens: int) -> bytes | None:
     """The shadow copy of a generation request, or None when the body is not a JSON
     object (the proxy already answered such a request with 400)."""
     try:
