@@ -1,16 +1,15 @@
-"""The HTTP surface of one simulated SGLang 0.5.x server, as a Starlette app.
+"""The HTTP surface of one simulated SGLang server (0.5.23 or 0.5.10), as a Starlette app.
 
-Routes, JSON shapes, status codes and the SSE format follow SGLang's http_server.py and its
-OpenAI serving code; /sim/* is the simulator's own control surface. Generation requests become
-SimRequests on the engine; a handler never computes physics, it only waits for the engine's
-tokens and renders them.
+Routes, JSON shapes, status codes and the SSE format follow the chosen release's
+http_server.py and OpenAI serving code (SglangVersion says what differs); /sim/* is the
+simulator's own control surface. Generation requests become SimRequests on the engine; a
+handler never computes physics, it only waits for the engine's outputs and renders them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import random
 import time
@@ -24,14 +23,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from specrouter.sim import physics, protocol
+from specrouter.sim import loads, physics, protocol
+from specrouter.sim.disconnect import abandon
 from specrouter.sim.engine import Engine, QueueFull, SimRequest
 from specrouter.sim.faults import ControlError, Faults, apply_control
 from specrouter.sim.metrics import EngineMetrics
 from specrouter.sim.profile import ProfileError, parse_schedule
 from specrouter.sim.text import WordStream, request_rng
+from specrouter.sim.version import (
+    HEALTH_CHECK_TIMEOUT_S,
+    HEALTH_POLL_S,
+    V0_5_23,
+    SglangVersion,
+)
 
-SGLANG_VERSION = "0.5.10"  # the server version this surface imitates (reported in /server_info)
 AUTH_EXEMPT_PREFIXES = ("/health", "/metrics", "/ready", "/sim/")
 
 
@@ -43,6 +48,8 @@ class ServerSettings:
     api_key: str | None
     seed: int
     group: str
+    version: SglangVersion = V0_5_23
+    priority_scheduling: bool = False
 
 
 @dataclass
@@ -58,10 +65,24 @@ class SimServer:
     group_servers: dict[str, SimServer] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     metrics: EngineMetrics | None = None
+    # SGLang's ServerStatus as far as /ready sees it: only a failed /health makes it
+    # UnHealthy, a later successful one makes it Up again
+    healthy: bool = True
+    background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"faults:{self.settings.seed}:{self.engine.kind}")
-        self.metrics = EngineMetrics(self.engine, self.settings.served_model_name)
+        self.metrics = EngineMetrics(self.engine, self.settings.served_model_name,
+                                     self.settings.version, self.settings.priority_scheduling)
+
+    @property
+    def version(self) -> SglangVersion:
+        return self.settings.version
+
+    def run_in_background(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -69,8 +90,14 @@ def json_response(obj: Any, status: int = 200) -> Response:
                     media_type="application/json")
 
 
-def error_response(message: str, err_type: str = "BadRequestError", code: int = 400) -> Response:
+def error_response(message: str, err_type: str = protocol.VALUE_ERROR, code: int = 400
+                   ) -> Response:
     return json_response(protocol.error_body(message, err_type, code), code)
+
+
+def not_found() -> Response:
+    """FastAPI's answer to a route this release does not have."""
+    return json_response({"detail": "Not Found"}, 404)
 
 
 class ApiKeyMiddleware:
@@ -100,21 +127,24 @@ async def wait_disconnect(receive: Receive) -> None:
 
 
 class EngineStream(Response):
-    """SSE response that aborts the engine request the moment the client disconnects.
+    """SSE response whose head leaves with the first event, as SGLang's: the handler awaits
+    the first chunk before it returns the StreamingResponse (serving_chat.py:2413-2439), so a
+    queued or prefilling stream has sent no byte at all.
 
-    It listens for http.disconnect itself instead of relying on a failed write, because a
-    request still waiting in the queue writes nothing for a long time, and SGLang frees the
-    slot at once."""
+    It listens for http.disconnect itself (a queued stream writes nothing for a long time) and
+    hands a gone client's request to `disconnect.abandon`, which aborts it when SGLang would."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[bytes], on_disconnect: Callable[[], None]) -> None:
+    def __init__(self, server: SimServer, gen: Generation, body: AsyncIterator[bytes]) -> None:
         # no super().__init__: it would add a content-length header to a streamed body
         self.status_code = 200
         self.background = None
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        self.server = server
+        self.gen = gen
         self.body_iter = body
-        self.on_disconnect = on_disconnect
+        self.head_sent = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.ensure_future(wait_disconnect(receive))
@@ -124,7 +154,7 @@ class EngineStream(Response):
         finally:
             if not producer.done():
                 producer.cancel()
-                self.on_disconnect()
+                self.gen.abandon(stream=True, head_sent=self.head_sent)
                 with contextlib.suppress(asyncio.CancelledError, OSError):
                     await producer
             watcher.cancel()
@@ -132,8 +162,11 @@ class EngineStream(Response):
             producer.result()
 
     async def _produce(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         async for chunk in self.body_iter:
+            if not self.head_sent:
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": self.raw_headers})
+                self.head_sent = True
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -157,23 +190,31 @@ class Generation:
         self.text = ""
         self.consumed = 0
         self.matched_stop_str: str | None = None
-        self.sent_tokens = 0
+        self.last_output_real = req.arrival_real  # when the tokenizer last began to wait
 
-    async def pieces(self) -> AsyncIterator[str]:
-        """New text after each engine step (several tokens at once on EAGLE)."""
+    async def outputs(self) -> AsyncIterator[str]:
+        """One item per scheduler output, as SGLang's tokenizer yields them: the new text
+        (several tokens at once on EAGLE, possibly empty); the last one finds req.done."""
         req = self.req
         while True:
             await req.event.wait()
             req.event.clear()
             n = req.generated - self.consumed
+            piece = ""
             if n > 0:
                 self.consumed += n
-                piece = req.words.take(n)
-                piece = self._apply_stop(piece)
-                if piece:
-                    yield piece
+                piece = self._apply_stop(req.words.take(n))
+            if n > 0 or req.done:
+                self.last_output_real = self.server.engine.clock.real()
+                yield piece
             if req.done:
                 return
+
+    def abandon(self, *, stream: bool, head_sent: bool) -> None:
+        """The client left: abort the request when SGLang would (disconnect.py)."""
+        self.server.run_in_background(abandon(
+            self.server.engine, self.req, self.server.version, stream=stream,
+            head_sent=head_sent, last_wait_start_real=self.last_output_real))
 
     def _apply_stop(self, piece: str) -> str:
         if not self.params.stop:
@@ -204,11 +245,12 @@ class Generation:
         if metrics is None or req.first_token_real is None or req.last_token_real is None:
             return
         scale = clock.time_scale
-        metrics.ttft.observe((req.first_token_real - req.arrival_real) / scale)
-        metrics.e2e.observe((req.last_token_real - req.arrival_real) / scale)
-        if req.generated > 1:
-            metrics.itl.observe((req.last_token_real - req.first_token_real) / scale
-                                / (req.generated - 1))
+        itl = ((req.last_token_real - req.first_token_real) / scale / (req.generated - 1)
+               if req.generated > 1 else None)
+        metrics.observe_finished(
+            self.params.stream, req.prompt_tokens, req.generated,
+            (req.first_token_real - req.arrival_real) / scale,
+            (req.last_token_real - req.arrival_real) / scale, itl)
 
 
 async def _read_json(request: Request) -> Any:
@@ -219,15 +261,31 @@ async def _read_json(request: Request) -> Any:
         raise protocol.BadRequest(f"Invalid JSON body: {exc}") from None
 
 
+def _json_content_type(request: Request) -> bool:
+    """validate_json_request: the OpenAI routes take application/json only."""
+    media = request.headers.get("content-type", "").lower().split(";", maxsplit=1)[0]
+    return media.strip() == "application/json"
+
+
+class Rejected(Exception):
+    """The scheduler refused the request at once (the waiting queue is full)."""
+
+
 async def _admit(server: SimServer, request: Request, parser: Parser
                  ) -> tuple[Generation | None, Response | None]:
     """Parse, apply injected faults and validation, and queue the request on the engine."""
     engine, profile = server.engine, server.engine.profile
+    if request.url.path.startswith("/v1/") and not _json_content_type(request):
+        return None, error_response("Unsupported Media Type: Only 'application/json' is "
+                                    "allowed", protocol.VALIDATION_ERROR)
     try:
-        params = parser(await _read_json(request), profile.chars_per_token,
-                        server.settings.served_model_name)
+        body = await _read_json(request)
+        params = protocol.with_ids(parser(body, profile.chars_per_token,
+                                          server.settings.served_model_name), body)
     except protocol.BadRequest as exc:
-        return None, error_response(str(exc))
+        return None, error_response(str(exc), protocol.VALIDATION_ERROR)
+    if params.rid is not None and params.rid in engine.by_rid:
+        return None, error_response(f"Duplicate request ID: {params.rid}")
     faults = server.faults
     if faults.added_latency_ms > 0:
         await asyncio.sleep(faults.added_latency_ms / 1000.0)
@@ -250,17 +308,21 @@ async def _admit(server: SimServer, request: Request, parser: Parser
     rng = request_rng(server.settings.seed, params.prompt_key)
     stop_at = max_new if params.ignore_eos else min(max_new,
                                                     physics.sample_output_length(profile, rng))
-    req = SimRequest(engine.new_rid(), params.prompt_tokens, max_new, stop_at, WordStream(rng),
-                     engine.clock.real())
+    req = SimRequest(params.rid or engine.new_rid(), params.prompt_tokens, max_new, stop_at,
+                     WordStream(rng), engine.clock.real(), priority=params.priority)
+    gen = Generation(server, req, params)
     try:
         engine.submit(req)
     except QueueFull:
-        return None, error_response("The request queue is full.", "ServiceUnavailableError", 503)
-    return Generation(server, req, params), None
+        if not params.stream:  # the tokenizer raises HTTPException(503): type "503"
+            return None, error_response(protocol.QUEUE_FULL_MESSAGE, "503", 503)
+        req.state, req.finish_reason = "done", "queue_full"
+        req.event.set()
+    return gen, None
 
 
 async def _wait_done(server: SimServer, gen: Generation, request: Request) -> bool:
-    """Collect the whole output; False if the client left (the request is then aborted)."""
+    """Collect the whole output; False if the client left (the request is then abandoned)."""
     collector = asyncio.ensure_future(_drain(gen))
     watcher = asyncio.ensure_future(wait_disconnect(request.receive))
     try:
@@ -269,12 +331,12 @@ async def _wait_done(server: SimServer, gen: Generation, request: Request) -> bo
         watcher.cancel()
         if not collector.done():
             collector.cancel()
-            server.engine.abort(gen.req)
+            gen.abandon(stream=False, head_sent=False)
     return collector.done() and not collector.cancelled()
 
 
 async def _drain(gen: Generation) -> None:
-    async for _ in gen.pieces():
+    async for _ in gen.outputs():
         pass
 
 
@@ -303,37 +365,57 @@ async def _generate(request: Request, parser: Parser, respond: Responder,
         return json_response(respond(
             rid, model, gen.text, gen.finish_reason, gen.matched, gen.req.prompt_tokens,
             gen.req.generated))
-    return EngineStream(events(server, gen, rid, model),
-                        lambda: server.engine.abort(gen.req))
+    return EngineStream(server, gen, events(server, gen, rid, model))
 
 
 async def chat_completions(request: Request) -> Response:
     return await _generate(request, protocol.parse_chat, protocol.chat_response, _chat_events)
 
 
+def _error_event(server: SimServer, gen: Generation) -> bytes | None:
+    """The SSE error event that replaces the finish chunk: a queue-full abort (both releases)
+    or, on 0.5.10, any abort (serving_chat.py 0.5.10:697-710, 0.5.23:2568-2580)."""
+    if gen.req.finish_reason == "queue_full":
+        return protocol.sse_error(protocol.QUEUE_FULL_MESSAGE, "SERVICE_UNAVAILABLE", 503)
+    if gen.finish_reason == "abort" and server.version.graceful_abort_is_error_event:
+        return protocol.sse_error("Aborted", "INTERNAL_SERVER_ERROR", 500)
+    return None
+
+
+def _usage_chunk(server: SimServer, gen: Generation, rid: str, model: str, created: int,
+                 obj: str) -> bytes:
+    return protocol.sse(protocol.usage_chunk(
+        rid, model, created, obj, gen.req.prompt_tokens, gen.req.generated,
+        server.version.usage_has_completion_details))
+
+
 async def _chat_events(server: SimServer, gen: Generation, rid: str, model: str
                        ) -> AsyncIterator[bytes]:
+    """Role chunk with the first output (`is_firsts`), one content chunk per output with
+    text, a finish chunk without usage, the usage chunk only with include_usage, [DONE]
+    (serving_chat.py 0.5.23:2582-2662,2766-2805)."""
     created = int(time.time())
-    # SGLang sends the role chunk when the first output comes back from the scheduler
-    # (serving_chat.py `_generate_chat_stream`, `is_firsts`), not at admission: until
-    # prefill ends, a stream carries no byte after its headers.
-    role = protocol.sse(protocol.chat_chunk(rid, model, created,
-                                            {"role": "assistant", "content": ""}))
-    async for piece in gen.pieces():
-        if role:
-            yield role
-            role = b""
-        yield protocol.sse(protocol.chat_chunk(rid, model, created, {"content": piece}))
+    omit = server.version.chat_chunks_omit_none
+    first = True
+    async for piece in gen.outputs():
+        error = _error_event(server, gen) if gen.req.done else None
+        if error is not None:
+            yield error
+            break
+        if first:
+            first = False
+            yield protocol.sse(protocol.chat_chunk(
+                rid, model, created, {"role": "assistant", "content": ""}, omit_none=omit))
+        if piece:
+            yield protocol.sse(protocol.chat_chunk(rid, model, created, {"content": piece},
+                                                   omit_none=omit))
         _maybe_cut(server, gen)
-    if role:  # finished without text (a stop string at once): SGLang still sends it
-        yield role
-    gen.observe()
-    yield protocol.sse(protocol.chat_chunk(
-        rid, model, created, {}, gen.finish_reason, gen.matched,
-        protocol.usage(gen.req.prompt_tokens, gen.req.generated)))
+        if gen.req.done:
+            gen.observe()
+            yield protocol.sse(protocol.chat_chunk(rid, model, created, {}, gen.finish_reason,
+                                                   gen.matched, omit_none=omit))
     if gen.params.include_usage:
-        yield protocol.sse(protocol.usage_chunk(rid, model, created, "chat.completion.chunk",
-                                                gen.req.prompt_tokens, gen.req.generated))
+        yield _usage_chunk(server, gen, rid, model, created, "chat.completion.chunk")
     yield protocol.SSE_DONE
 
 
@@ -351,16 +433,23 @@ async def completions(request: Request) -> Response:
 
 async def _completion_events(server: SimServer, gen: Generation, rid: str, model: str
                              ) -> AsyncIterator[bytes]:
+    """One chunk per output; the last output's chunk carries finish_reason with its text
+    (serving_completions.py 0.5.23:355-399): no separate empty finish chunk."""
     created = int(time.time())
-    async for piece in gen.pieces():
-        yield protocol.sse(protocol.completion_chunk(rid, model, created, piece))
+    async for piece in gen.outputs():
+        done = gen.req.done
+        error = _error_event(server, gen) if done else None
+        if error is not None:
+            yield error
+            break
+        if done:
+            gen.observe()
+        yield protocol.sse(protocol.completion_chunk(
+            rid, model, created, piece, gen.finish_reason if done else None,
+            gen.matched if done else None))
         _maybe_cut(server, gen)
-    gen.observe()
-    yield protocol.sse(protocol.completion_chunk(rid, model, created, "", gen.finish_reason,
-                                                 gen.matched))
     if gen.params.include_usage:
-        yield protocol.sse(protocol.usage_chunk(rid, model, created, "text_completion",
-                                                gen.req.prompt_tokens, gen.req.generated))
+        yield _usage_chunk(server, gen, rid, model, created, "text_completion")
     yield protocol.SSE_DONE
 
 
@@ -375,35 +464,41 @@ async def generate(request: Request) -> Response:
             return Response(status_code=499)
         gen.observe()
         return json_response(_generate_body(server, gen))
-    return EngineStream(_generate_events(server, gen), lambda: server.engine.abort(gen.req))
+    return EngineStream(server, gen, _generate_events(server, gen))
 
 
 def _generate_body(server: SimServer, gen: Generation) -> dict[str, Any]:
     req = gen.req
     now = server.engine.clock.real()
-    return {
-        "text": gen.text,
-        "output_ids": [],
-        "meta_info": {
-            "id": req.rid,
-            "finish_reason": None if not req.done else protocol.generate_finish(
-                gen.finish_reason, gen.matched, req.generated),
-            "prompt_tokens": req.prompt_tokens,
-            "weight_version": "default",
-            "completion_tokens": req.generated,
-            "cached_tokens": 0,
-            "e2e_latency": (now - req.arrival_real) / server.engine.clock.time_scale,
-        },
+    if req.finish_reason == "queue_full":
+        finish: dict[str, Any] | None = protocol.queue_full_finish()
+    else:
+        finish = None if not req.done else protocol.generate_finish(
+            gen.finish_reason, gen.matched, req.generated)
+    meta: dict[str, Any] = {
+        "id": req.rid, "finish_reason": finish, "prompt_tokens": req.prompt_tokens,
+        "weight_version": "default", "completion_tokens": req.generated, "cached_tokens": 0,
+        "e2e_latency": (now - req.arrival_real) / server.engine.clock.time_scale,
     }
+    if req.verify_steps > 0:  # tokenizer_manager.py:3148-3172
+        proposed = req.verify_steps * (server.engine.profile.draft.num_draft_tokens - 1)
+        meta.update({
+            "spec_accept_rate": req.correct_drafts / proposed if proposed else 0.0,
+            "spec_accept_length": req.generated / req.verify_steps,
+            "spec_num_correct_drafts": req.correct_drafts,
+            "spec_num_proposed_drafts": proposed, "spec_verify_ct": req.verify_steps,
+        })
+    return {"text": gen.text, "output_ids": [], "meta_info": meta}
 
 
 async def _generate_events(server: SimServer, gen: Generation) -> AsyncIterator[bytes]:
-    async for _ in gen.pieces():
+    """`data: <output>` per output, cumulative text, the finished output once, [DONE]
+    (http_server.py 0.5.23:948-975)."""
+    async for _ in gen.outputs():
+        if gen.req.done:
+            gen.observe()
         yield protocol.sse(_generate_body(server, gen))
         _maybe_cut(server, gen)
-    gen.observe()
-    if gen.req.done and gen.consumed == gen.req.generated:
-        yield protocol.sse(_generate_body(server, gen))
     yield protocol.SSE_DONE
 
 
@@ -415,29 +510,39 @@ async def _slow_health(server: SimServer) -> None:
 
 
 async def health(request: Request) -> Response:
-    """SGLang runs a 1-token generation and polls for progress once a second (scaled here)."""
+    """/health and /health_generate (http_server.py 0.5.23:721-799): 503 while starting; else
+    a 1-token request that a busy scheduler does not queue (any output after the call counts),
+    polled once a (simulated) second; no output within 20 s: 503, and the server turns
+    UnHealthy, which /ready then reports."""
     server: SimServer = request.app.state.sim
     await _slow_health(server)
     if server.faults.stall:
         await wait_disconnect(request.receive)
         return Response(status_code=503)
-    engine = server.engine
-    rng = request_rng(server.settings.seed, "health")
-    req = SimRequest(engine.new_rid(), 4, 1, 1, WordStream(rng), engine.clock.real())
-    engine.submit(req)
-    try:
-        await asyncio.wait_for(req.event.wait(), timeout=20.0 * engine.clock.time_scale + 5.0)
-    except TimeoutError:
-        engine.abort(req)
+    if server.faults.starting:
         return Response(status_code=503)
-    await asyncio.sleep(min(1.0, engine.clock.time_scale))
-    return Response(status_code=200)
+    engine = server.engine
+    steps_at_call = engine.steps_done
+    deadline = engine.clock.real() + HEALTH_CHECK_TIMEOUT_S * engine.clock.time_scale
+    engine.health_check()
+    while engine.clock.real() < deadline:
+        await asyncio.sleep(HEALTH_POLL_S * engine.clock.time_scale)
+        if engine.steps_done > steps_at_call:
+            server.healthy = True
+            return Response(status_code=200)
+    server.healthy = False
+    return Response(status_code=503)
 
 
 async def ready(request: Request) -> Response:
+    """0.5.23 only (http_server.py:714-718): 200/503, empty body, from the server status,
+    which only /health changes: a wedged scheduler is still ready until a /health fails."""
     server: SimServer = request.app.state.sim
+    if not server.version.has_ready:
+        return not_found()
     await _slow_health(server)
-    return json_response({"status": "ready"})
+    up = server.healthy and not server.faults.starting
+    return Response(status_code=200 if up else 503)
 
 
 async def models(request: Request) -> Response:
@@ -470,8 +575,8 @@ def _internal_state(server: SimServer) -> dict[str, Any]:
                          engine.limits.kv_capacity_tokens, "graph": 0.0},
         "effective_max_running_requests_per_dp": engine.limits.max_running_requests,
     }
-    if engine.is_eagle:
-        state["avg_spec_accept_length"] = engine.observed_accept_length()
+    if engine.is_eagle:  # lifetime mean, folded every 40 decode batches (internal_state.py)
+        state["avg_spec_accept_length"] = engine.lifetime_accept_length()
     return state
 
 
@@ -502,76 +607,64 @@ async def server_info(request: Request) -> Response:
     return json_response({**server_args(server), "max_total_num_tokens":
                           server.engine.limits.kv_capacity_tokens,
                           "internal_states": [_internal_state(server)],
-                          "version": SGLANG_VERSION})
+                          "version": server.version.name})
 
 
 async def get_load(request: Request) -> Response:
-    engine: Engine = request.app.state.sim.engine
-    waiting = len(engine.waiting)
-    return json_response([{"dp_rank": 0, "num_reqs": engine.num_running + waiting,
+    """Up to 0.5.10 (http_server.py 0.5.10:621-628), live; gone in 0.5.23."""
+    server: SimServer = request.app.state.sim
+    if not server.version.has_get_load:
+        return not_found()
+    engine = server.engine
+    waiting = engine.num_waiting_as_sglang()
+    return json_response([{"dp_rank": 0, "num_reqs": len(engine.running) + waiting,
                            "num_waiting_reqs": waiting, "num_tokens": engine.used_tokens()}])
 
 
-LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
-KV_BYTES_PER_TOKEN = 131072  # Llama-3.1-8B: 32 layers x 8 KV heads x 128 dims x (K,V) x bf16
-
-
-def _load_entry(engine: Engine, include: frozenset[str]) -> dict[str, Any]:
-    """One GetLoadsReqOutput as SGLang's /v1/loads renders it: None sections left out."""
-    snap, cap = engine.loads, engine.limits.kv_capacity_tokens
-    everything = "all" in include
-    entry: dict[str, Any] = {"dp_rank": 0}
-    if everything or "core" in include:
-        entry.update({
-            "num_running_reqs": snap.num_running_reqs, "num_waiting_reqs": snap.num_waiting_reqs,
-            "num_used_tokens": snap.num_used_tokens, "num_total_tokens": snap.num_used_tokens,
-            "max_total_num_tokens": cap, "token_usage": round(snap.num_used_tokens / cap, 4),
-            "gen_throughput": round(snap.gen_throughput, 2), "cache_hit_rate": 0.0,
-            "utilization": round(snap.num_running_reqs / engine.limits.max_running_requests, 4),
-            "max_running_requests": engine.limits.max_running_requests,
-        })
-    if everything or "memory" in include:
-        entry["memory"] = {"weight_gb": 16.06, "kv_cache_gb": round(
-            cap * KV_BYTES_PER_TOKEN / 2**30, 2), "graph_gb": 0.5, "token_capacity": cap}
-    if engine.is_eagle and (everything or "spec" in include):
-        drafts = engine.profile.draft.num_draft_tokens - 1
-        entry["speculative"] = {
-            "accept_length": round(snap.accept_length, 4),
-            "accept_rate": round(max(0.0, (snap.accept_length - 1) / drafts), 4)
-            if snap.accept_length else 0.0,
-        }
-    if everything or "queues" in include:
-        entry["queues"] = {"waiting": snap.num_waiting_reqs, "grammar": 0, "paused": 0,
-                           "retracted": 0}
-    if "num_running_reqs" in entry:
-        entry["num_total_reqs"] = entry["num_running_reqs"] + entry["num_waiting_reqs"]
-    return entry
-
-
-def _aggregate(entry: dict[str, Any]) -> dict[str, Any]:
-    running, waiting = entry.get("num_running_reqs", 0), entry.get("num_waiting_reqs", 0)
-    return {"total_running_reqs": running, "total_waiting_reqs": waiting,
-            "total_reqs": running + waiting, "avg_token_usage": entry.get("token_usage", 0.0),
-            "avg_throughput": entry.get("gen_throughput", 0.0),
-            "avg_utilization": entry.get("utilization", 0.0)}
-
-
 async def v1_loads(request: Request) -> Response:
-    """GET /v1/loads?include=core,spec,...&dp_rank=N (SGLang's entrypoints/v1_loads.py)."""
-    engine: Engine = request.app.state.sim.engine
-    raw = request.query_params.get("include")
-    include = frozenset(s.strip() for s in raw.split(",")) if raw else frozenset({"all"})
-    invalid = include - LOAD_SECTIONS
-    if invalid:
-        return error_response(f"Invalid include sections: {sorted(invalid)}. "
-                              f"Valid options: {sorted(LOAD_SECTIONS)}")
-    dp_rank = request.query_params.get("dp_rank")
-    entries = [_load_entry(engine, include)] if dp_rank in (None, "0") else []
-    return json_response({
-        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(),
-        "version": SGLANG_VERSION, "dp_rank_count": len(entries), "loads": entries,
-        "aggregate": _aggregate(entries[0]) if entries else _aggregate({}),
-    })
+    """GET /v1/loads?include=core,spec,...&dp_rank=N (loads.py)."""
+    server: SimServer = request.app.state.sim
+    try:
+        body = loads.render(server.engine, server.version, request.query_params.get("include"),
+                            request.query_params.get("dp_rank"),
+                            reader_attached=not server.faults.loads_reader_detached)
+    except loads.LoadsError as exc:
+        if exc.status == 500:
+            return Response("Internal Server Error", status_code=500, media_type="text/plain")
+        err_type = protocol.VALIDATION_ERROR if "dp_rank" in str(exc) else str(exc.status)
+        return error_response(str(exc), err_type, exc.status)
+    return json_response(body)
+
+
+async def abort_request(request: Request) -> Response:
+    """POST /abort_request {"rid": ..., "abort_all": false}: the abort goes to the scheduler at
+    once; 200 with an empty body whether or not the rid is in flight (http_server.py
+    0.5.23:1721-1731)."""
+    server: SimServer = request.app.state.sim
+    try:
+        body = await _read_json(request)
+    except protocol.BadRequest as exc:
+        return error_response(str(exc), protocol.VALIDATION_ERROR)
+    if not isinstance(body, dict):
+        return error_response("Input should be a valid dictionary", protocol.VALIDATION_ERROR)
+    rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
+    if not isinstance(rid, str) or not isinstance(abort_all, bool):
+        return error_response("rid must be a string and abort_all a boolean",
+                              protocol.VALIDATION_ERROR)
+    if abort_all:
+        server.engine.abort_all()
+    elif rid:
+        server.engine.abort_rid(rid)
+    return Response(status_code=200)
+
+
+async def flush_cache(request: Request) -> Response:
+    """/flush_cache: resets the lifetime speculative counters (and the prefix cache)."""
+    server: SimServer = request.app.state.sim
+    server.engine.flush_cache()
+    return Response("Cache flushed.\nPlease check backend logs for more details. "
+                    "(When there are running or waiting requests, the operation will not "
+                    "be performed.)\n", status_code=200, media_type="text/plain")
 
 
 async def metrics(request: Request) -> Response:
@@ -613,6 +706,8 @@ async def sim_control(request: Request) -> Response:
         server.engine.set_accept_length(float(accept))
     if schedule is not None:
         server.engine.set_accept_schedule(parse_schedule(schedule))
+    if "wedged" in fields:
+        server.engine.set_wedged(server.faults.wedged)
     if "refuse_connections" in fields and server.listener is not None:
         await server.listener.set_refusing(server.faults.refuse_connections,
                                            server.faults.refuse_for_s, server.faults)
@@ -645,6 +740,11 @@ def sim_state(server: SimServer) -> dict[str, Any]:
         "max_late_real_s": c.max_late_real_s, "used_tokens": engine.used_tokens(),
         "accept_length": engine.accept_length() if engine.is_eagle else None,
         "observed_accept_length": engine.observed_accept_length() if engine.is_eagle else None,
+        "lifetime_accept_length": engine.lifetime_accept_length() if engine.is_eagle else None,
+        "window_accept_length": engine.gauges.window_accept_length if engine.is_eagle
+        else None,
+        "loads_published": engine.publishes, "healthy": server.healthy,
+        "sglang_version": server.version.name,
         "max_running_requests": engine.limits.max_running_requests,
         "kv_capacity_tokens": engine.limits.kv_capacity_tokens,
         "profile": engine.profile.name, "faults": server.faults.as_dict(),
@@ -674,10 +774,16 @@ def build_app(server: SimServer) -> ASGIApp:
         Route("/v1/loads", v1_loads, methods=["GET"]),
         Route("/get_load", get_load, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/abort_request", abort_request, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
         Route("/sim/control", sim_control, methods=["POST"]),
         Route("/sim/state", sim_state_route, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+
+    async def missing(request: Request, exc: Exception) -> Response:
+        return not_found()
+
+    app = Starlette(routes=routes, exception_handlers={404: missing})
     app.state.sim = server
     return ApiKeyMiddleware(app, server.settings.api_key)
 

@@ -11,8 +11,10 @@ from typing import Any
 
 from specrouter.sim.profile import ProfileError, load_profile
 from specrouter.sim.server import EngineSpec, serve_group
+from specrouter.sim.version import DEFAULT_VERSION, VERSIONS, get_version
 
 API_KEY_ENV = "SPECROUTER_SIM_API_KEY"
+VERSION_ENV = "SPECROUTER_SIM_SGLANG_VERSION"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-running-requests", type=int, default=None,
                         help="override the profile's batch-slot limit on every engine")
     parser.add_argument("--max-queued-requests", type=int, default=None,
-                        help="answer 503 when this many requests wait (SGLang's option)")
+                        help="refuse requests when this many wait (SGLang's option: 503, or "
+                        "an SSE error event on a stream)")
+    parser.add_argument("--sglang-version", default=os.environ.get(VERSION_ENV) or DEFAULT_VERSION,
+                        help=f"the SGLang release to imitate: {', '.join(sorted(VERSIONS))} "
+                        f"(default: ${VERSION_ENV}, else {DEFAULT_VERSION})")
+    parser.add_argument("--enable-priority-scheduling", action="store_true",
+                        help="SGLang's option: /metrics adds priority labels (the queue gauges "
+                        "as a total under priority=\"\" plus one series per priority)")
 
 
 def _specs(args: argparse.Namespace) -> list[EngineSpec]:
@@ -56,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if args.time_scale <= 0:
             raise ValueError("--time-scale must be > 0")
         profile = load_profile(args.profile)
+        version = get_version(args.sglang_version)
     except (ValueError, ProfileError) as exc:
         print(f"specrouter sim: {exc}", file=sys.stderr)
         return 2
@@ -64,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
                            time_scale=args.time_scale, seed=args.seed, api_key=args.api_key,
                            served_model_name=args.served_model_name,
                            max_queued_requests=args.max_queued_requests,
-                           max_running_requests=args.max_running_requests))
+                           max_running_requests=args.max_running_requests,
+                           version=version,
+                           priority_scheduling=args.enable_priority_scheduling))
     except OSError as exc:
         print(f"specrouter sim: {exc}", file=sys.stderr)
         return 1

@@ -28,8 +28,8 @@ from specrouter.sim.profile import EngineDefaults, Profile
 from specrouter.sim.text import WordStream
 
 LOADS_PUBLISH_STEPS = 15  # SGLang --load-snapshot-publish-interval default
-METRICS_LOG_STEPS = 40  # SGLang --decode-log-interval default: gauges refresh this often
-ACCEPT_WINDOW_STEPS = 40
+METRICS_LOG_STEPS = 40  # SGLang --decode-log-interval default: gauges and accept folds
+ACCEPT_WINDOW_STEPS = 40  # /sim/state observed_accept_length: a sliding window (sim only)
 MAX_CATCH_UP_REAL_S = 0.25  # beyond this the loop is overloaded: drop time instead of bursting
 KV_RESERVE_NEW_TOKEN_RATIO = 0.5  # share of max_new_tokens reserved at admission
 KV_RESERVE_NEW_TOKEN_CAP = 4096
@@ -53,6 +53,10 @@ class SimRequest:
     finish_reason: str | None = None
     first_token_real: float | None = None
     last_token_real: float | None = None
+    priority: int | None = None
+    counted: bool = True  # False for /health's request (SGLang: log_metrics=False)
+    verify_steps: int = 0  # EAGLE verify steps this request took part in
+    correct_drafts: int = 0  # draft tokens accepted (the bonus token is not a draft)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -67,14 +71,26 @@ class SimRequest:
 
 @dataclass
 class Snapshot:
-    """Values SGLang publishes periodically rather than live (gauges, /v1/loads)."""
+    """The scheduler's load as SGLang reports it (gauges, /v1/loads).
+
+    Counts follow SGLang's queues: `num_running_reqs` is the running batch, `num_waiting_reqs`
+    the waiting queue; a request part-way through a chunked prefill is in neither
+    (load_inquirer.py:112)."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
     num_used_tokens: int = 0
+    num_waiting_tokens: int = 0  # prompt tokens still to prefill, queued or chunked
     gen_throughput: float = 0.0
-    accept_length: float = 0.0
+    accept_length: float = 0.0  # lifetime mean (0.0 before the first fold)
+    window_accept_length: float = 0.0  # mean over the last folded 40 decode batches
+    window_accept_rate: float = 0.0
+    running_by_priority: dict[str, int] = field(default_factory=dict)
+    waiting_by_priority: dict[str, int] = field(default_factory=dict)
+    prefill_tokens: int = 0
+    prefill_busy_us: int = 0
     at_sim: float = 0.0
+    timestamp: float = 0.0  # time.time() when built: the server clock
 
 
 @dataclass
@@ -89,8 +105,33 @@ class Counters:
     decode_steps: int = 0
     prefill_steps: int = 0
     busy_sim_s: float = 0.0
+    prefill_tokens: int = 0  # prompt tokens prefilled (no prefix cache: all uncached)
+    prefill_busy_sim_s: float = 0.0
     dropped_real_s: float = 0.0
     max_late_real_s: float = 0.0
+
+
+@dataclass
+class SpecCounters:
+    """SGLang's speculative counters (metrics_reporter.py:292-299, 953-1002): a window summed
+    over decode batches and folded into lifetime totals every decode_log_interval batches."""
+
+    window_accept_tokens: int = 0
+    window_forward_ct: int = 0  # requests x verify steps
+    total_accept_tokens: int = 0
+    total_forward_ct: int = 0
+
+    def lifetime_mean(self) -> float:
+        return self.total_accept_tokens / self.total_forward_ct if self.total_forward_ct else 0.0
+
+    def fold(self) -> float:
+        """Close the window; returns its mean accept length."""
+        mean = (self.window_accept_tokens / self.window_forward_ct
+                if self.window_forward_ct else 0.0)
+        self.total_accept_tokens += self.window_accept_tokens
+        self.total_forward_ct += self.window_forward_ct
+        self.window_accept_tokens = self.window_forward_ct = 0
+        return mean
 
 
 class Engine:
@@ -109,8 +150,14 @@ class Engine:
         self.prefilling: list[SimRequest] = []
         self.running: list[SimRequest] = []
         self.counters = Counters()
+        self.spec = SpecCounters()
+        self.by_rid: dict[str, SimRequest] = {}
         self.loads = Snapshot()
         self.gauges = Snapshot()
+        self.steps_done = 0  # any step since a /health call answers it
+        self._unwedged = asyncio.Event()
+        self._unwedged.set()
+        self.publishes = 0  # /v1/loads snapshots published (0.5.23 freshness tests)
         self._accept_window: deque[tuple[int, int]] = deque(maxlen=ACCEPT_WINDOW_STEPS)
         self._accept_override: float | None = None
         self._schedule: tuple[tuple[float, float], ...] = profile.accept_length_schedule
@@ -143,13 +190,53 @@ class Engine:
     def submit(self, req: SimRequest) -> None:
         if self.max_queued_requests is not None and len(self.waiting) >= self.max_queued_requests:
             raise QueueFull()
-        self.counters.requests += 1
-        self.counters.prompt_tokens += req.prompt_tokens
+        if req.counted:
+            self.counters.requests += 1
+            self.counters.prompt_tokens += req.prompt_tokens
+        self.by_rid[req.rid] = req
         self.waiting.append(req)
         self._wake.set()
 
+    def abort_rid(self, rid: str) -> bool:
+        """POST /abort_request: abort the request with this rid now, if it is in flight."""
+        req = self.by_rid.get(rid)
+        if req is None:
+            return False
+        self.abort(req)
+        return True
+
+    def abort_all(self) -> None:
+        for req in list(self.by_rid.values()):
+            self.abort(req)
+
+    def flush_cache(self) -> None:
+        """/flush_cache: SGLang resets its speculative counters (metrics_reporter.py:709-715)."""
+        self.spec = SpecCounters()
+
+    # --- the wedged-scheduler fault --------------------------------------------------------
+    @property
+    def wedged(self) -> bool:
+        return not self._unwedged.is_set()
+
+    def set_wedged(self, wedged: bool) -> None:
+        """A wedged scheduler runs no step: requests in flight make no progress, nothing is
+        published, and /health sees no output."""
+        if wedged:
+            self._unwedged.clear()
+        else:
+            self._unwedged.set()
+
+    def health_check(self) -> None:
+        """/health's 1-token request. A busy scheduler skips it and acks after its current
+        batch (scheduler.py:2240-2247): any step end counts. An idle one runs it."""
+        if self.waiting or self.prefilling or self.running:
+            return
+        rng = random.Random(f"health:{self.name}")
+        self.submit(SimRequest(f"HEALTH_CHECK_{self.new_rid()}", 1, 1, 1, WordStream(rng),
+                               self.clock.real(), counted=False))
+
     def abort(self, req: SimRequest) -> None:
-        """Client went away: free the slot and the KV space now, not at the next step."""
+        """The abort reaches the scheduler: free the slot and the KV space now."""
         if req.done:
             return
         if req.state == "waiting":
@@ -161,6 +248,7 @@ class Engine:
             self.running.remove(req)
         req.state = "done"
         req.finish_reason = "abort"
+        self.by_rid.pop(req.rid, None)
         self.counters.aborted += 1
         self.counters.abort_times.append(time.monotonic())
         req.event.set()
@@ -174,6 +262,7 @@ class Engine:
             self.running.remove(req)
         req.state = "done"
         req.finish_reason = reason
+        self.by_rid.pop(req.rid, None)
         self.counters.finished += 1
         req.event.set()
 
@@ -207,6 +296,11 @@ class Engine:
                 value = v
         return value
 
+    def lifetime_accept_length(self) -> float:
+        """What /v1/loads and /server_info report: accepted tokens over verify steps since
+        start (or the last /flush_cache), as of the last fold."""
+        return self.spec.lifetime_mean()
+
     def observed_accept_length(self) -> float:
         tokens = sum(t for t, _ in self._accept_window)
         reqs = sum(n for _, n in self._accept_window)
@@ -216,6 +310,10 @@ class Engine:
     @property
     def num_running(self) -> int:
         return len(self.running) + len(self.prefilling)
+
+    def num_waiting_as_sglang(self) -> int:
+        """SGLang's waiting queue: queued here, or admitted but not yet touched by prefill."""
+        return len(self.waiting) + sum(1 for r in self.prefilling if r.prefilled == 0)
 
     def used_tokens(self) -> int:
         active = itertools.chain(self.running, self.prefilling)
@@ -238,6 +336,9 @@ class Engine:
                 earliest = max(prev_end, now - MAX_CATCH_UP_REAL_S)
                 if prev_end < earliest:
                     self.counters.dropped_real_s += earliest - prev_end
+            if self.wedged:
+                await self._unwedged.wait()
+                earliest = prev_end = self.clock.real()
             self._admit()
             if self.prefilling:
                 chunk, sim_ms = self._plan_prefill()
@@ -245,7 +346,10 @@ class Engine:
                 await self._sleep_until(end)
                 self._apply_prefill(chunk, end)
                 self.counters.prefill_steps += 1
-                self.loads = self._snapshot()  # SGLang publishes on every prefill batch
+                self.counters.prefill_tokens += sum(take for _, take in chunk)
+                self.counters.prefill_busy_sim_s += sim_ms / 1000.0
+                self.gauges = self._snapshot(self.gauges)  # every prefill batch refreshes
+                self.publish_loads()  # both the gauges and the load snapshot
             elif self.running:
                 batch = list(self.running)
                 ctx = sum(r.prompt_tokens + r.generated for r in batch) / len(batch)
@@ -257,6 +361,7 @@ class Engine:
             else:
                 continue  # everything waiting was aborted or cannot fit yet
             self.counters.busy_sim_s += sim_ms / 1000.0
+            self.steps_done += 1
             prev_end = end
 
     async def _sleep_until(self, deadline: float) -> None:
@@ -311,10 +416,14 @@ class Engine:
             n = model.sample(self.rng) if model is not None else 1
             step_tokens += n
             live += 1
+            req.verify_steps += 1
+            req.correct_drafts += n - 1
             self._emit(req, n, end)
         self.counters.decode_steps += 1
         if self.is_eagle and live:
             self._accept_window.append((step_tokens, live))
+            self.spec.window_accept_tokens += step_tokens
+            self.spec.window_forward_ct += live
         self._decode_since_loads += 1
         self._decode_since_metrics += 1
         self._publish(force=False)
@@ -329,7 +438,8 @@ class Engine:
     def _emit(self, req: SimRequest, n: int, end: float) -> None:
         n = min(n, req.stop_at - req.generated)
         req.generated += n
-        self.counters.generated_tokens += n
+        if req.counted:
+            self.counters.generated_tokens += n
         self._tokens_since_snapshot += n
         if req.first_token_real is None:
             req.first_token_real = end
@@ -338,22 +448,69 @@ class Engine:
             self.running.remove(req)
             req.state = "done"
             req.finish_reason = "length" if req.generated >= req.max_new_tokens else "stop"
-            self.counters.finished += 1
+            self.by_rid.pop(req.rid, None)
+            if req.counted:
+                self.counters.finished += 1
         req.event.set()
 
     def _publish(self, force: bool) -> None:
+        """Gauges refresh at every 40th decode batch (with the accept fold) and at idle; the
+        load snapshot at every 15th decode batch, every prefill batch and at idle."""
+        if self._decode_since_metrics >= METRICS_LOG_STEPS:
+            self._decode_since_metrics = 0
+            self._log_decode_stats()
+        elif force:
+            self.gauges = self._snapshot(self.gauges)
         if force or self._decode_since_loads >= LOADS_PUBLISH_STEPS:
             self._decode_since_loads = 0
-            self.loads = self._snapshot()
-        if force or self._decode_since_metrics >= METRICS_LOG_STEPS:
-            self._decode_since_metrics = 0
-            self.gauges = self._snapshot()
-            self._tokens_since_snapshot = 0
-            self._last_snapshot_sim = self.gauges.at_sim
+            self.publish_loads()
 
-    def _snapshot(self) -> Snapshot:
+    def publish_loads(self) -> None:
+        self.loads = self.live_snapshot()
+        self.publishes += 1
+
+    def _log_decode_stats(self) -> None:
+        """SGLang's decode log: fold the speculative window, refresh every gauge."""
         now = self.clock.sim_now()
         elapsed = now - self._last_snapshot_sim
-        throughput = self._tokens_since_snapshot / elapsed if elapsed > 0 else 0.0
-        return Snapshot(self.num_running, len(self.waiting), self.used_tokens(), throughput,
-                        self.observed_accept_length(), now)
+        stats = Snapshot(gen_throughput=self._tokens_since_snapshot / elapsed
+                         if elapsed > 0 else 0.0)
+        if self.is_eagle:
+            drafts = self.profile.draft.num_draft_tokens - 1
+            forward = self.spec.window_forward_ct
+            accepted = self.spec.window_accept_tokens
+            stats.window_accept_rate = ((accepted - forward) / (forward * drafts)
+                                        if forward and drafts > 0 else 0.0)
+            stats.window_accept_length = self.spec.fold()
+        self._tokens_since_snapshot = 0
+        self._last_snapshot_sim = now
+        self.gauges = self._snapshot(stats)
+
+    def live_snapshot(self) -> Snapshot:
+        """The load now, with the stats (throughput, windowed accept) of the last decode log."""
+        return self._snapshot(self.gauges)
+
+    def _snapshot(self, stats: Snapshot) -> Snapshot:
+        waiting = [*self.waiting, *(r for r in self.prefilling if r.prefilled == 0)]
+        chunked = [r for r in self.prefilling if r.prefilled > 0]
+        return Snapshot(
+            num_running_reqs=len(self.running), num_waiting_reqs=len(waiting),
+            num_used_tokens=self.used_tokens(),
+            num_waiting_tokens=sum(r.prompt_tokens - r.prefilled for r in (*waiting, *chunked)),
+            gen_throughput=stats.gen_throughput, accept_length=self.lifetime_accept_length(),
+            window_accept_length=stats.window_accept_length,
+            window_accept_rate=stats.window_accept_rate,
+            running_by_priority=_by_priority(self.running),
+            waiting_by_priority=_by_priority(waiting),
+            prefill_tokens=self.counters.prefill_tokens,
+            prefill_busy_us=round(self.counters.prefill_busy_sim_s * 1e6),
+            at_sim=self.clock.sim_now(), timestamp=time.time())
+
+
+def _by_priority(reqs: list[SimRequest]) -> dict[str, int]:
+    """SGLang's QueueCount.by_priority: a request without a priority counts under "None"."""
+    counts: dict[str, int] = {}
+    for req in reqs:
+        key = str(req.priority)
+        counts[key] = counts.get(key, 0) + 1
+    return counts

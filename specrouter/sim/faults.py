@@ -27,6 +27,9 @@ class Faults:
     refuse_connections: bool = False  # close the listening socket
     refuse_for_s: float | None = None  # real seconds until the socket reopens by itself
     slow_health_ms: float = 0.0  # /health, /health_generate, /ready answer this much later
+    wedged: bool = False  # the scheduler runs no step; /health fails after its timeout
+    starting: bool = False  # the server is still starting: /health and /ready answer 503
+    loads_reader_detached: bool = False  # 0.5.23: /v1/loads answers "loads": []
 
     def should_error(self, rng: random.Random) -> bool:
         return self.error_rate > 0 and rng.random() < self.error_rate
@@ -48,7 +51,7 @@ def apply_control(faults: Faults, fields: dict[str, Any]) -> None:
             if key == "error_rate" and value > 1:
                 raise ControlError("error_rate must be within 0..1")
             updates[key] = float(value)
-        elif key == "stall":
+        elif key in ("stall", "wedged", "starting", "loads_reader_detached"):
             if not isinstance(value, bool):
                 raise ControlError(f"{key} must be true or false")
             updates[key] = value

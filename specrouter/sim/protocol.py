@@ -1,9 +1,9 @@
 """SGLang's JSON shapes: request parsing and response/chunk builders.
 
-Field names and nesting follow SGLang's python/sglang/srt/entrypoints/openai/protocol.py and
-serving_{chat,completions}.py (see docs/simulator.md for the version read). Chunks and
-responses are serialised with every field present, nulls included, because SGLang dumps its
-pydantic models with model_dump_json() and clients may rely on keys being there.
+Field names and nesting follow SGLang's python/sglang/srt/entrypoints/openai/protocol.py,
+serving_{chat,completions}.py and sse_utils.py (docs/simulator.md cites the lines). Pydantic
+models are dumped with model_dump_json(), every field present, nulls included; 0.5.23 encodes
+chat chunks with msgspec structs that omit None fields (sse_utils.py:13-99).
 """
 
 from __future__ import annotations
@@ -18,12 +18,27 @@ from specrouter.sim.text import chat_prompt_tokens, count_text_tokens
 EOS_TOKEN_ID = 128009  # Llama-3 <|eot_id|>: what SGLang reports as matched_stop on EOS
 
 
+# ErrorResponse.type as SGLang writes it: request validation (FastAPI's RequestValidationError
+# handler, HTTPStatus phrase), a ValueError from the tokenizer (serving_base.py
+# create_error_response default), an HTTPException such as the queue-full 503 (str(status)),
+# an abort with a status inside a stream (HTTPStatus name)
+VALIDATION_ERROR = "Bad Request"
+VALUE_ERROR = "BadRequestError"
+QUEUE_FULL_MESSAGE = "The request queue is full."
+
+
 class BadRequest(ValueError):
     """The request body is invalid: SGLang answers 400 in its flat error format."""
 
 
-def error_body(message: str, err_type: str = "BadRequestError", code: int = 400) -> dict[str, Any]:
+def error_body(message: str, err_type: str = VALUE_ERROR, code: int = 400) -> dict[str, Any]:
     return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+def sse_error(message: str, err_type: str, code: int) -> bytes:
+    """create_streaming_error_response: json.dumps with its default separators."""
+    return b"data: " + json.dumps({"error": error_body(message, err_type, code)}).encode() + \
+        b"\n\n"
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,8 @@ class GenParams:
     stream: bool
     include_usage: bool
     model: str
+    rid: str | None = None  # the caller's request id (SGLang's `rid` field)
+    priority: int | None = None
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -135,6 +152,21 @@ def parse_generate(body: Any, chars_per_token: float, default_model: str) -> Gen
                      False, default_model)
 
 
+def _rid(body: dict[str, Any]) -> str | None:
+    rid = body.get("rid")
+    if rid is None:
+        return None
+    if not isinstance(rid, str) or not rid:
+        raise BadRequest("rid: Input should be a valid string")
+    return rid
+
+
+def with_ids(params: GenParams, body: dict[str, Any]) -> GenParams:
+    """The `rid` and `priority` fields every generation endpoint accepts."""
+    priority = _opt_int(body, "priority") if "priority" in body else None
+    return GenParams(**{**params.__dict__, "rid": _rid(body), "priority": priority})
+
+
 def _n_is_one(body: dict[str, Any]) -> None:
     n = body.get("n", 1)
     if n not in (None, 1):
@@ -143,10 +175,14 @@ def _n_is_one(body: dict[str, Any]) -> None:
 
 # --- responses -------------------------------------------------------------------------------
 
-def usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-            "completion_tokens": completion, "prompt_tokens_details": None,
-            "reasoning_tokens": 0}
+def usage(prompt: int, completion: int, completion_details: bool = False) -> dict[str, Any]:
+    """UsageInfo; 0.5.23 adds completion_tokens_details (protocol.py:221-229)."""
+    out: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                           "completion_tokens": completion, "prompt_tokens_details": None,
+                           "reasoning_tokens": 0}
+    if completion_details:
+        out["completion_tokens_details"] = None
+    return out
 
 
 def matched_stop(finish_reason: str, stop_str: str | None) -> int | str | None:
@@ -173,16 +209,24 @@ def chat_response(rid: str, model: str, text: str, finish: str, matched: int | s
 
 def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any],
                finish: str | None = None, matched: int | str | None = None,
-               usage_info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """SGLang's serving_chat puts the usage on the finish_reason chunk too ("internal
-    streaming interface requires finish_reason && usage in same package")."""
+               omit_none: bool = False) -> dict[str, Any]:
+    """One chat chunk, never with usage (the finish chunk has none either). 0.5.10: pydantic,
+    every field (serving_chat.py:714-848); 0.5.23: msgspec StreamChunk/StreamDelta with None
+    omitted, but `reasoning_content` always present and StreamChoice complete."""
+    if omit_none:
+        short = {"reasoning_content": None, **{k: v for k, v in delta.items() if v is not None}}
+        return {
+            "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": short, "logprobs": None,
+                         "finish_reason": finish, "matched_stop": matched}],
+        }
     full_delta = {"role": None, "content": None, "reasoning_content": None, "tool_calls": None,
                   **delta}
     return {
         "id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
         "choices": [{"index": 0, "delta": full_delta, "logprobs": None, "finish_reason": finish,
                      "matched_stop": matched}],
-        "usage": usage_info,
+        "usage": None,
     }
 
 
@@ -209,17 +253,22 @@ def completion_chunk(rid: str, model: str, created: int, text: str,
 
 
 def usage_chunk(rid: str, model: str, created: int, obj: str, prompt: int,
-                completion: int) -> dict[str, Any]:
+                completion: int, completion_details: bool = False) -> dict[str, Any]:
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt, completion)}
+            "usage": usage(prompt, completion, completion_details)}
 
 
 def generate_finish(finish: str, matched: int | str | None, completion: int) -> dict[str, Any]:
     if finish == "length":
         return {"type": "length", "length": completion}
     if finish == "abort":
-        return {"type": "abort", "message": "request aborted"}
+        return {"type": "abort", "message": "Aborted"}
     return {"type": "stop", "matched": matched}
+
+
+def queue_full_finish() -> dict[str, Any]:
+    """The scheduler's abort when the waiting queue is full (scheduler.py:3552-3595)."""
+    return {"type": "abort", "status_code": 503, "message": QUEUE_FULL_MESSAGE}
 
 
 def sse(obj: Any) -> bytes:

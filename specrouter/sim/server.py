@@ -22,6 +22,7 @@ from specrouter.sim.engine import Engine
 from specrouter.sim.faults import Faults
 from specrouter.sim.gpu import SharedGpu, SimClock
 from specrouter.sim.profile import EngineDefaults, Profile
+from specrouter.sim.version import V0_5_23, SglangVersion
 
 
 class _Server(uvicorn.Server):
@@ -100,7 +101,9 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
                       time_scale: float, seed: int, api_key: str | None,
                       served_model_name: str | None,
                       max_queued_requests: int | None = None,
-                      max_running_requests: int | None = None) -> None:
+                      max_running_requests: int | None = None,
+                      version: SglangVersion = V0_5_23,
+                      priority_scheduling: bool = False) -> None:
     clock = SimClock(time_scale)
     gpu = SharedGpu(clock)
     servers: list[_Server] = []
@@ -113,7 +116,7 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
         engine = Engine(f"{group}-{spec.kind}", spec.kind, profile, gpu, seed, limits,
                         max_queued_requests)
         settings = ServerSettings(host, spec.port, served_model_name or profile.served_model_name,
-                                  api_key, seed, group)
+                                  api_key, seed, group, version, priority_scheduling)
         sim = SimServer(engine, settings, group_servers=group_servers)
         group_servers[spec.kind] = sim
         config = uvicorn.Config(build_app(sim), host=host, port=spec.port, loop="none",
@@ -148,7 +151,7 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
         raise OSError("could not listen on every port (see the error above)")
     if all(srv.started for srv in servers):
         ports = " ".join(f"{s.kind}=http://{host}:{s.port}" for s in specs)
-        print(f"specrouter sim ready: group={group} profile={profile.name} "
+        print(f"specrouter sim ready: group={group} sglang={version.name} profile={profile.name} "
               f"time_scale={time_scale} seed={seed} {ports}", flush=True)
     try:
         await asyncio.gather(*tasks)

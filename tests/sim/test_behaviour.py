@@ -4,6 +4,7 @@ and a time-scaled closed-loop sweep against the seed-coding targets."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,40 +26,47 @@ def _completion(url: str, max_tokens: int, prompt: str = "hi", **extra: Any) -> 
     return result
 
 
-def test_disconnect_aborts_at_once_and_frees_the_slot(sim_engine: Callable[..., SimEngine]
+def test_disconnect_of_a_running_stream_frees_the_slot(sim_engine: Callable[..., SimEngine]
                                                       ) -> None:
+    # 0.5.23 (the default) aborts a running stream at once; the queued request takes its slot
     engine = sim_engine("eagle", time_scale=0.2, extra_args=("--max-running-requests", "1"))
     body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 100000,
             "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=30) as first, httpx.Client(timeout=30) as second, \
+    second_started = threading.Event()
+
+    def second_stream() -> None:
+        with httpx.Client(timeout=30) as client, client.stream(
+                "POST", f"{engine.url}/v1/chat/completions", json=body) as response:
+            next(response.iter_lines())  # the head and the role chunk: it runs
+            second_started.set()
+
+    with httpx.Client(timeout=30) as first, \
             first.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as stream:
         lines = stream.iter_lines()  # keep a reference: a dropped iterator closes the stream
         next(lines)  # the role chunk: the request is running
-        with second.stream("POST", f"{engine.url}/v1/chat/completions", json=body):
-            wait_until(lambda: engine.state()["waiting"] == 1, 10, "second request queued")
-            state = engine.state()
-            assert state["running"] == 1 and state["admitted"] == 1
-            closed_at = time.monotonic()
-            stream.close()
-            first.close()
-            wait_until(lambda: engine.state()["aborted"] == 1, 10, "abort counted")
-            state = engine.state()
-            # "At once": well inside a second, where finishing its 100000 tokens would take minutes
-            # (a bound a loaded CI host's scheduling cannot reach, unlike 0.1 s).
-            assert state["abort_times"][0] - closed_at < 1.0
-            wait_until(lambda: engine.state()["admitted"] == 2, 10, "queued request admitted")
-            assert engine.state()["waiting"] == 0
+        worker = threading.Thread(target=second_stream)
+        worker.start()
+        wait_until(lambda: engine.state()["waiting"] == 1, 10, "second request queued")
+        state = engine.state()
+        assert state["running"] == 1 and state["admitted"] == 1
+        closed_at = time.monotonic()
+        stream.close()
+        first.close()
+        wait_until(lambda: engine.state()["aborted"] >= 1, 10, "abort counted")
+        # "At once": well inside a second, where finishing its 100000 tokens would take minutes
+        assert engine.state()["abort_times"][0] - closed_at < 1.0
+        assert second_started.wait(10), "queued request admitted"
+        worker.join(10)
     wait_until(lambda: engine.state()["aborted"] == 2, 10, "second abort counted")
     metrics = httpx.get(f"{engine.url}/metrics").text
-    assert "sglang:num_aborted_requests_total{" in metrics
     assert any(line.startswith("sglang:num_aborted_requests_total") and line.endswith(" 2.0")
                for line in metrics.splitlines())
 
 
 def test_a_queued_stream_sends_no_byte_until_its_first_output(
         sim_engine: Callable[..., SimEngine]) -> None:
-    # SGLang's role chunk comes with the first output, so a queued stream is silent
-    # after its headers: the router relies on that to recall such a stream.
+    # SGLang sends the response head with the first output: a queued stream sends nothing,
+    # not even its head.
     engine = sim_engine("eagle", time_scale=0.2, extra_args=("--max-running-requests", "1"))
     body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 100000,
             "ignore_eos": True, "stream": True}
@@ -67,11 +75,9 @@ def test_a_queued_stream_sends_no_byte_until_its_first_output(
             first.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as running:
         lines = running.iter_lines()
         next(lines)
-        with second.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as queued:
-            assert queued.status_code == 200  # the head comes at once
-            wait_until(lambda: engine.state()["waiting"] == 1, 10, "second request queued")
-            with pytest.raises(httpx.ReadTimeout):
-                next(queued.iter_raw())
+        with pytest.raises(httpx.ReadTimeout):
+            second.post(f"{engine.url}/v1/chat/completions", json=body)
+        assert engine.state()["waiting"] == 1
 
 
 def test_non_stream_disconnect_aborts(sim_engine: Callable[..., SimEngine]) -> None:

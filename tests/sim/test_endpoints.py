@@ -10,9 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.sim import SimGroup
 
-LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank"}
-
-
+LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"}
 
 
 @pytest.fixture
@@ -21,7 +19,8 @@ def group(sim_group: Callable[..., SimGroup]) -> SimGroup:
 
 
 def _generate_some(url: str) -> None:
-    body = {"model": "m", "prompt": "hello " * 50, "max_tokens": 60, "ignore_eos": True}
+    # 200 tokens at accept length 2: ~100 decode batches, past SGLang's first 40-batch fold
+    body = {"model": "m", "prompt": "hello " * 50, "max_tokens": 200, "ignore_eos": True}
     assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
 
 
@@ -51,26 +50,37 @@ def test_health_and_ready(group: SimGroup) -> None:
     for pool in ("eagle", "baseline"):
         assert httpx.get(f"{group.url(pool)}/health", timeout=10).status_code == 200
         assert httpx.get(f"{group.url(pool)}/health_generate", timeout=10).status_code == 200
-        assert httpx.get(f"{group.url(pool)}/ready").status_code == 200
+        ready = httpx.get(f"{group.url(pool)}/ready")
+        assert ready.status_code == 200 and ready.content == b""  # 0.5.23, the default
 
 
-def test_loads_and_get_load(group: SimGroup) -> None:
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.10"])
+def test_loads_and_get_load(sim_group: Callable[..., SimGroup], version: str) -> None:
+    group = sim_group(time_scale=0.02, sglang_version=version)
     _generate_some(group.eagle_url)
     loads = httpx.get(f"{group.eagle_url}/v1/loads?include=core,spec,queues").json()
-    assert {"timestamp", "version", "dp_rank_count", "loads", "aggregate"} <= set(loads)
     entry = loads["loads"][0]
-    for key in ("dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
+    for key in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
                 "max_total_num_tokens", "max_running_requests", "token_usage",
-                "gen_throughput", "num_total_reqs"):
+                "gen_throughput"):
         assert key in entry, key
     assert entry["speculative"]["accept_length"] > 1.0
     assert "memory" not in entry  # sections not asked for are left out, as in SGLang
     base = httpx.get(f"{group.baseline_url}/v1/loads").json()["loads"][0]
     assert "speculative" not in base and "memory" in base
     bad = httpx.get(f"{group.eagle_url}/v1/loads?include=bogus")
-    assert bad.status_code == 400 and bad.json()["object"] == "error"
-    load = httpx.get(f"{group.eagle_url}/get_load").json()
-    assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    load = httpx.get(f"{group.eagle_url}/get_load")
+    if version == "0.5.23":
+        assert set(loads) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+        assert entry["dp_rank"] == 0 and isinstance(entry["timestamp"], float)
+        assert bad.status_code == 500  # LoadSnapshot.to_dict raises outside the route's try
+        assert load.status_code == 404
+    else:
+        assert set(loads) == {"timestamp", "version", "dp_rank_count", "loads", "aggregate"}
+        assert "dp_rank" not in entry and entry["num_total_reqs"] == 0
+        assert bad.status_code == 400 and bad.json()["type"] == "400"
+        assert load.json() == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0,
+                                "num_tokens": 0}]
 
 
 def test_metrics_parse_with_sglang_names(group: SimGroup) -> None:
@@ -83,8 +93,10 @@ def test_metrics_parse_with_sglang_names(group: SimGroup) -> None:
         assert families[gauge].type == "gauge", gauge
         assert set(families[gauge].samples[0].labels) == LABELS
     samples = {s.name: s for f in families.values() for s in f.samples}
+    assert set(families["sglang:num_requests"].samples[0].labels) == {
+        "model_name", "engine_type", "is_streaming"}  # the tokenizer's labels (0.5.23)
     assert samples["sglang:num_requests_total"].value >= 1
-    assert samples["sglang:generation_tokens_total"].value >= 60
+    assert samples["sglang:generation_tokens_total"].value >= 200
     assert samples["sglang:prompt_tokens_total"].value >= 75
     assert samples["sglang:num_aborted_requests_total"].value == 0
     assert samples["sglang:spec_accept_length"].value > 1.0
@@ -113,13 +125,17 @@ def test_errors_are_flat(group: SimGroup) -> None:
     bad = httpx.post(url, json={"model": "m"})
     assert bad.status_code == 400
     body = bad.json()
-    assert body["object"] == "error" and body["code"] == 400 and body["type"] == "BadRequestError"
+    # request validation: FastAPI's RequestValidationError handler, type HTTPStatus phrase
+    assert body["object"] == "error" and body["code"] == 400 and body["type"] == "Bad Request"
     assert set(body) == {"object", "message", "type", "param", "code"}
+    form = httpx.post(url, content=b"{}", headers={"content-type": "text/plain"})
+    assert form.status_code == 400 and "application/json" in form.json()["message"]
     not_json = httpx.post(url, content=b"{", headers={"content-type": "application/json"})
     assert not_json.status_code == 400
     too_long = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}],
                                      "max_tokens": 10**7})
     assert too_long.status_code == 400 and "maximum context length" in too_long.json()["message"]
+    assert too_long.json()["type"] == "BadRequestError"  # a ValueError from the tokenizer
 
 
 def test_stop_strings_and_eos(group: SimGroup) -> None:
