@@ -203,6 +203,8 @@ class HealthSettings(_Section):
     answers 200 when its scheduler is wedged, so where `/ready` is the check, a
     `/health_generate` (a generation SGLang does not queue behind a busy batch) also runs
     every `generation_check_s` (0: never), and at every check while the last one failed.
+    SGLang answers it no sooner than 1 s (it polls for the output once a second), hence
+    `generation_timeout_s` above that.
     """
 
     enabled: bool = True
@@ -210,6 +212,7 @@ class HealthSettings(_Section):
     ready_timeout_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=8.0, gt=0)
     generation_check_s: float = Field(default=10.0, ge=0)
+    generation_timeout_s: float = Field(default=8.0, gt=1.0)
 
 
 class AdmissionSettings(_Section):

@@ -163,7 +163,7 @@ class HealthChecker:
         if every <= 0 or not due:
             return None
         self._generation_at[name] = now
-        timeout = self._settings.health_timeout_s
+        timeout = self._settings.generation_timeout_s
         status, error = await self._get(backend, GENERATION_PATH, timeout)
         if status == 200:
             verdict = None

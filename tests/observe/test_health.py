@@ -10,6 +10,8 @@ import errno
 from collections.abc import Callable
 
 import httpx
+import pytest
+from pydantic import ValidationError
 
 from specrouter.backends import Backend
 from specrouter.config import HealthSettings
@@ -17,7 +19,7 @@ from specrouter.observe.breaker import BreakerConfig
 from specrouter.observe.health import HealthChecker
 
 EAGLE = Backend("e", "http://eagle", "eagle", "g")
-SETTINGS = HealthSettings(interval_s=2.0, health_timeout_s=8.0, generation_check_s=10.0)
+SETTINGS = HealthSettings(interval_s=2.0, generation_check_s=10.0, generation_timeout_s=8.0)
 
 
 class Engine:
@@ -67,6 +69,7 @@ def test_a_wedged_scheduler_is_found_although_ready_answers() -> None:
     assert engine.generations == 2  # one generation check per 10 s, not per check
     engine.wedged = True
     verdicts = run_checks(health, clock, 8)
+    assert verdicts[-1] is False
     assert not all(verdicts) and not health.healthy("e")
     info = health.describe("e")
     assert info["check_path"] == "/ready"
@@ -78,6 +81,11 @@ def test_a_wedged_scheduler_is_found_although_ready_answers() -> None:
     engine.wedged = False
     assert run_checks(health, clock, 1) == [True]
     assert health.healthy("e") and health.describe("e")["generation_check_error"] is None
+
+
+def test_the_generation_timeout_allows_for_sglangs_one_second_poll() -> None:
+    with pytest.raises(ValidationError, match="generation_timeout_s"):
+        HealthSettings(generation_timeout_s=0.5)
 
 
 def test_a_failure_on_the_routers_side_keeps_the_last_state() -> None:

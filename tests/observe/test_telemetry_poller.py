@@ -59,6 +59,19 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
             assert accept is not None and 1.0 < accept < 10.0
             # The load comes from /v1/loads, the windowed accept length from /metrics.
             assert poller.accept_status("e") == "metrics"
+            # The workload shifts: the windowed reading follows within seconds, while
+            # SGLang's lifetime mean in /v1/loads stays near where it was.
+            await eventually(lambda: lv.backends["e"].accept_lifetime is not None, 30.0,
+                             "a first fold of the lifetime mean")
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                shift = await client.post(eagle + "/sim/control",
+                                          json={"accept_length": 1.2},
+                                          headers={"Authorization": f"Bearer {KEY}"})
+                assert shift.status_code == 200, shift.text
+            follow_s = await eventually(
+                lambda: (lv.backends["e"].accept_length or 9.0) < 1.4, 30.0, "the shift")
+            lifetime = lv.backends["e"].accept_lifetime
+            assert follow_s < 5.0 and lifetime is not None and lifetime > 1.4, (follow_s, lifetime)
             assert lv.backend_view("b", time.monotonic()).load("engine") == 0.0
         finally:
             for t in tasks:
@@ -66,6 +79,18 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
         await eventually(lambda: lv.backend_view("e", time.monotonic()).load("engine") == 0,
                          30.0, "aborted requests to leave the engine")
+
+        # 0.5.23 without its snapshot reader answers "loads": []: no data, so the poller
+        # reads the load from /metrics instead of taking it as an idle engine.
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            detach = await client.post(eagle + "/sim/control",
+                                       json={"loads_reader_detached": True},
+                                       headers={"Authorization": f"Bearer {KEY}"})
+            assert detach.status_code == 200, detach.text
+            empty = await client.get(eagle + "/v1/loads",
+                                     headers={"Authorization": f"Bearer {KEY}"})
+            assert empty.json()["loads"] == []
+        await eventually(lambda: poller.source_of("e") == "metrics", 30.0, "the fallback")
 
         # The servers go away: no new samples, the view goes stale and falls back.
         await asyncio.to_thread(sim.stop)
