@@ -4,12 +4,17 @@ Lifecycle of one proxied request:
   read body (413 over the limit, 408 too slow) -> peek (400 if not JSON) ->
   router.settle -> router.choose -> router.acquire -> upstream.open -> relay ->
   router.release (always, in `finally`).
-A connection failure or a retryable status before any byte reached the client is tried
-once more on another backend. A recallable stream (`Target.recall`) holds its response
-head until its first byte; a recall before that closes the upstream request and routes
-the request again. While the cycle runs, a watcher task waits for the client to
-disconnect and cancels the cycle, which closes the upstream connection so SGLang aborts
-the request and frees its batch slot.
+A stream's response head waits for its first upstream chunk (SGLang sends its own head
+only with the first output, so both leave together). A connection failure, a retryable
+status, or a stream whose first event is an error with a retryable status (SGLang's
+queue-full answer, `first_event`) is tried once more on another backend, before any
+byte reached the client. A recall (`Target.recall`) before the first chunk closes the
+upstream request and routes the request again. While the cycle runs, a watcher task
+waits for the client to disconnect and cancels the cycle.
+
+Each generation attempt carries an SGLang `rid`; an attempt left before its backend
+finished it (recalled, client gone, backend silent) is aborted by that rid and counts in
+flight until the backend dropped it (`abort`).
 """
 
 from __future__ import annotations
@@ -17,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
 from specrouter.config import Settings
 from specrouter.errors import RouterError, openai_error_body
-from specrouter.proxy.recall import Recalled, recallable_chunks, unless_recalled
+from specrouter.proxy.abort import Abandoner, abort_headers, client_rids, new_rid, with_rid
+from specrouter.proxy.first_event import event_status, first_chunk
+from specrouter.proxy.recall import Recalled, unless_recalled
 from specrouter.proxy.request import (
     REQUEST_ID,
     BodyBudget,
@@ -49,6 +56,7 @@ from specrouter.proxy.response import (
 )
 from specrouter.proxy.shadow import ShadowProber, probe_body
 from specrouter.proxy.upstream import (
+    RawHeaders,
     RequestBody,
     Upstream,
     UpstreamError,
@@ -71,6 +79,18 @@ class _Retry(Exception):
         self.message = message
 
 
+@dataclass(slots=True)
+class _Attempt:
+    """One try of a request on one backend. `settled`: the backend no longer holds the
+    request (it answered in full, refused it, or never got it)."""
+
+    target: Target
+    headers: RawHeaders
+    body: RequestBody
+    rids: tuple[str, ...]
+    settled: bool = False
+
+
 class Proxy:
     """Forwards requests to the backend the router chooses; shared by all requests."""
 
@@ -86,7 +106,18 @@ class Proxy:
         self.total_timeout = settings.timeouts.total
         self.retry = settings.retry.enabled
         self.retry_statuses = frozenset(settings.retry.retry_statuses)
+        # a stream's first event with one of these statuses is retried like the status
+        self.event_retry_statuses = self.retry_statuses | {503}
+        self.set_rid = settings.upstream.abort_abandoned
         self.prober = ShadowProber(router, upstreams, settings.timeouts.total)
+        self.abandoner = Abandoner(router, upstreams, abort=settings.upstream.abort_abandoned,
+                                   hold_s=settings.upstream.abandoned_hold_s)
+
+    async def aclose(self) -> None:
+        """End the background work: probes, and the waits of abandoned attempts (which
+        releases them)."""
+        await self.prober.aclose()
+        await self.abandoner.aclose()
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
         try:
@@ -110,7 +141,8 @@ class Proxy:
         except RouterError as err:
             await send_json(send, err.status, err.body(), [(REQUEST_ID, head.request_id)])
         else:
-            await RequestCycle(self, scope, send, head, body, info).run(receive)
+            await RequestCycle(self, scope, send, head, body, info,
+                               kind is RouteKind.GENERATE).run(receive)
         finally:
             self.bodies.give_back(len(body))
 
@@ -120,13 +152,14 @@ class RequestCycle:
 
     `finished` is set just before the final response message goes out: from then on a
     client disconnect no longer cancels the cycle. `client_gone` says the watcher did.
+    `client_rids` are the rids the client set in a generation body (None: it set none).
     """
 
-    __slots__ = ("body", "client_gone", "finished", "head", "info", "method", "path",
-                 "proxy", "router", "send")
+    __slots__ = ("body", "client_gone", "client_rids", "finished", "generation", "head",
+                 "info", "method", "path", "proxy", "router", "send")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
-                 body: RequestBody, info: RequestInfo) -> None:
+                 body: RequestBody, info: RequestInfo, generation: bool = False) -> None:
         self.proxy = proxy
         self.router = proxy.router
         self.send = send
@@ -137,6 +170,8 @@ class RequestCycle:
         self.path = path_and_query(scope)
         self.client_gone = False
         self.finished = False
+        self.generation = generation
+        self.client_rids = client_rids(body) if generation else None
 
     async def run(self, receive: Receive) -> None:
         task = asyncio.current_task()
@@ -186,9 +221,10 @@ class RequestCycle:
             if target.probe is not None:
                 self._send_probe(target.probe)
             may_retry = self.proxy.retry and not tried
+            attempt = self._prepare(target)
             self.router.acquire(target)
             try:
-                await self._attempt(target, may_retry)
+                await self._attempt(attempt, may_retry)
                 return
             except _Retry as retry:
                 tried, failed = tried | {target.backend.name}, retry
@@ -199,7 +235,27 @@ class RequestCycle:
                 log.info("request %s: recalled from %s before its first byte",
                          self.head.request_id.decode(), target.backend.name)
             finally:
-                self.router.release(target)
+                self._leave(attempt)
+
+    def _prepare(self, target: Target) -> _Attempt:
+        """The attempt's headers and body: a generation gets a fresh rid unless the
+        client set its own."""
+        headers = self.head.upstream_headers(target.backend)
+        if not self.generation or not self.proxy.set_rid:
+            return _Attempt(target, headers, self.body, ())
+        if self.client_rids is not None:
+            return _Attempt(target, headers, self.body, self.client_rids)
+        rid = new_rid(self.head.request_id)
+        return _Attempt(target, headers, with_rid(self.body, rid), (rid,))
+
+    def _leave(self, attempt: _Attempt) -> None:
+        """Release the attempt's backend: now, or once it dropped an unfinished
+        generation (`Abandoner`)."""
+        if attempt.settled or not self.generation:
+            self.router.release(attempt.target)
+        else:
+            self.proxy.abandoner.abandon(attempt.target, attempt.rids,
+                                         abort_headers(attempt.headers))
 
     def _send_probe(self, probe: Probe) -> None:
         shadow = probe_body(self.path, self.body, probe.max_tokens)
@@ -210,20 +266,22 @@ class RequestCycle:
                                              self.head.request_id + b"-probe")
         self.proxy.prober.send(probe.target, self.path, headers, shadow)
 
-    async def _attempt(self, target: Target, may_retry: bool) -> None:
+    async def _attempt(self, attempt: _Attempt, may_retry: bool) -> None:
+        target = attempt.target
         name = target.backend.name
         upstream = self.proxy.upstreams[name]
         try:
             response = await unless_recalled(upstream.open(
-                self.method, self.path, self.head.upstream_headers(target.backend), self.body,
-                stream=self.info.stream,
+                self.method, self.path, attempt.headers, attempt.body, stream=self.info.stream,
             ), target.recall)
         except UpstreamLocalError as exc:
+            attempt.settled = True  # the router's own failure: the backend is not blamed
             await self._refuse(RouterError(
                 503, f"the router is out of local resources: {exc}", code="overloaded",
                 retry_after_s=1))
             return
         except UpstreamUnreachable as exc:
+            attempt.settled = True  # the backend never took the request
             self.router.record_outcome(name, False, str(exc))
             message = f"backend {name} unreachable: {exc}"
             if may_retry and self._has_alternative(target):
@@ -242,12 +300,14 @@ class RequestCycle:
             status = response.status
             if (status in self.proxy.retry_statuses and may_retry
                     and self._has_alternative(target)):
+                attempt.settled = True
                 self.router.record_outcome(name, False, f"HTTP {status}")
                 raise _Retry(status, f"backend {name} answered HTTP {status}")
             if is_event_stream(response.headers):
-                error = await self._relay_stream(response, target)
+                error = await self._relay_stream(response, attempt, may_retry)
             else:
                 error = await self._relay_buffered(response, target)
+                attempt.settled = error is None
             if error is None and status >= 500:
                 error = f"HTTP {status}"
             self.router.record_outcome(name, error is None, error)
@@ -270,35 +330,41 @@ class RequestCycle:
         body = openai_error_body(status, message)
         await send_json(self.send, status, body, target_headers(target, self.head.request_id))
 
-    async def _relay_stream(self, response: UpstreamResponse, target: Target) -> str | None:
+    async def _relay_stream(self, response: UpstreamResponse, attempt: _Attempt,
+                            may_retry: bool) -> str | None:
         """Pass SSE chunks through as they arrive; end a broken stream with an error event.
-        Returns what went wrong upstream, if anything. A recallable stream sends its head
-        with its first byte, and raises Recalled if the router recalls it before that."""
+        Returns what went wrong upstream, if anything. The response head leaves with the
+        first chunk; before it, a recall raises Recalled and, while a retry is possible, a
+        first event with a retryable status raises _Retry."""
+        target = attempt.target
         headers = response_headers(response.headers, target, self.head.request_id)
         start = {"type": "http.response.start", "status": response.status, "headers": headers}
         send = self.send
-        started = target.recall is None
-        if started:
-            await send(start)
+        started = False
         tail = b""
         error: str | None = None
         code = 502
         try:
-            chunks = (response.iter_raw() if target.recall is None
-                      else recallable_chunks(response, target.recall))
-            async for chunk in chunks:
-                if not chunk:
-                    continue
-                if not started:
-                    await send(start)
-                    started = True
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                tail = keep_tail(tail, chunk)
+            chunks = response.iter_raw()
+            first = await unless_recalled(first_chunk(chunks), target.recall)
+            if first is not None:
+                if may_retry:
+                    self._retry_error_event(first, attempt)
+                await send(start)
+                started = True
+                await send({"type": "http.response.body", "body": first, "more_body": True})
+                tail = keep_tail(tail, first)
+                async for chunk in chunks:
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                        tail = keep_tail(tail, chunk)
         except UpstreamTimeout as exc:
             error, code = f"backend went silent: {exc}", 504
         except UpstreamError as exc:
             error = f"backend stream failed: {exc}"
         else:
+            attempt.settled = True
             if not ended_with_done(tail):
                 error = "backend closed the stream before [DONE]"
         trailer = b"" if error is None else stream_error_trailer(target, tail, error, code)
@@ -307,6 +373,18 @@ class RequestCycle:
             await send(start)
         await send({"type": "http.response.body", "body": trailer, "more_body": False})
         return error
+
+    def _retry_error_event(self, first: bytes, attempt: _Attempt) -> None:
+        """Raise _Retry when the stream opens with an error event whose status is
+        retryable (SGLang's full queue) and another backend could take the request."""
+        status = event_status(first)
+        target = attempt.target
+        if status not in self.proxy.event_retry_statuses or not self._has_alternative(target):
+            return
+        attempt.settled = True  # SGLang ended the request with that event
+        name = target.backend.name
+        self.router.record_outcome(name, False, f"stream error event {status}")
+        raise _Retry(status, f"backend {name} answered a stream with error {status}")
 
     async def _relay_buffered(self, response: UpstreamResponse, target: Target) -> str | None:
         """A non-SSE body: read it whole (bounded by `total` and by

@@ -1,18 +1,17 @@
 """Recall: an attempt the router takes back before its first byte (`Target.recall`).
 
 Until the first non-empty chunk, setting the recall event cancels the attempt's upstream
-work, which closes its connection so SGLang aborts the request, and raises `Recalled`:
-the proxy then routes the request again. After the first byte a recall has no effect.
+work and raises `Recalled`: the proxy closes the upstream request, aborts it by its rid
+(`specrouter.proxy.abort`) and routes the request again. After the first byte a recall
+has no effect.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import TypeVar
-
-from specrouter.proxy.upstream import UpstreamResponse
 
 _T = TypeVar("_T")
 
@@ -41,22 +40,3 @@ async def unless_recalled(work: Awaitable[_T], recall: asyncio.Event | None) -> 
     if task.cancelled() or (recall.is_set() and task.exception() is not None):
         raise Recalled
     return task.result()
-
-
-async def recallable_chunks(response: UpstreamResponse, recall: asyncio.Event
-                            ) -> AsyncIterator[bytes]:
-    """The response's chunks; until the first non-empty one, a recall raises Recalled."""
-    chunks = response.iter_raw()
-    first = await unless_recalled(_first_chunk(chunks), recall)
-    if first is None:
-        return
-    yield first
-    async for chunk in chunks:
-        yield chunk
-
-
-async def _first_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
-    async for chunk in chunks:
-        if chunk:
-            return chunk
-    return None

@@ -28,9 +28,10 @@ from specrouter.tasks import cancel_and_wait
 log = logging.getLogger("specrouter.proxy.shadow")
 
 # Fields that would make the probe stream, sample several answers or return extras it
-# does not need; the server's defaults are the cheap ones.
+# does not need (the server's defaults are the cheap ones), and the client's `rid`, which
+# names the client's own request.
 _DROPPED = ("stream", "stream_options", "n", "best_of", "logprobs", "top_logprobs",
-            "echo", "return_logprob", "return_hidden_states")
+            "echo", "return_logprob", "return_hidden_states", "rid")
 
 
 def probe_body(path: str, body: RequestBody, max_tokens: int) -> bytes | None:
