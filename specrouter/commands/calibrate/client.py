@@ -18,6 +18,7 @@ from specrouter.commands.calibrate.measure import LevelResult, SweepFacts
 from specrouter.observe.loadview import EngineSample
 from specrouter.observe.telemetry import (
     TelemetryParseError,
+    parse_metrics,
     parse_server_info_accept,
     parse_v1_loads,
 )
@@ -158,9 +159,20 @@ async def _read_engine_fact(
 
 
 async def read_accept_length(base_url: str, client: httpx.AsyncClient) -> float | None:
-    """The EAGLE server's live accept length, if it reports one (best effort)."""
+    """The EAGLE server's accept length over its last 40 decode batches (SGLang's /metrics
+    gauge, with --enable-metrics): the workload of the level just run. Without /metrics,
+    the lifetime mean of /v1/loads or /server_info, which also counts every earlier
+    request of the server (best effort: None when nothing says)."""
+    try:
+        resp = await client.get(base_url.rstrip("/") + "/metrics", timeout=5.0)
+        if resp.status_code == 200:
+            windowed = parse_metrics(resp.text, 0.0).accept_length
+            if windowed is not None:
+                return windowed
+    except (httpx.HTTPError, TelemetryParseError):
+        pass
     return await _read_engine_fact(base_url, client, "core,spec",
-                                   lambda sample: sample.accept_length, parse_server_info_accept)
+                                   lambda sample: sample.accept_lifetime, parse_server_info_accept)
 
 
 async def read_max_running(base_url: str, client: httpx.AsyncClient) -> int | None:
