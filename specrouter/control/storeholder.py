@@ -2,7 +2,10 @@
 
 Every write is validated here (the store treats a policy as opaque JSON), then
 compare-and-set with the version it was merged onto, so two replicas writing at once never
-lose an update: the loser merges its body onto the winner's policy and tries again.
+lose an update: the loser merges its body onto the winner's policy and tries again, after a
+jittered backoff, until `WRITE_DEADLINE_S` has passed (then 409). Writes inside one replica
+take turns (a lock), so they never conflict with each other: only writes of other replicas
+can make a write retry.
 Changes made on other replicas arrive through `on_policy_change` and are validated too: a
 document another writer left invalid is logged and ignored, the old policy stays in force.
 Only a write needs the store: while it is unreachable, writes are answered 503 and the
@@ -15,6 +18,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
+import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -28,8 +33,12 @@ from specrouter.state import AuditEntry, PolicyRecord, StateStore, StateUnavaila
 
 log = logging.getLogger(__name__)
 
-#: Attempts of one admin write against concurrent writers before answering 409.
-MAX_WRITE_ATTEMPTS = 8
+#: How long one admin write may keep retrying against other replicas' writes before 409.
+WRITE_DEADLINE_S = 5.0
+#: Backoff between attempts: doubled each time up to the maximum, with full jitter, so
+#: replicas that collided do not collide again in step.
+RETRY_BACKOFF_S = 0.005
+RETRY_BACKOFF_MAX_S = 0.2
 _SERVER_FIELDS = frozenset({"version"})
 
 
@@ -58,6 +67,7 @@ class StorePolicyHolder:
         self._pending: tuple[str, WriteKind] | None = None  # (actor, kind) of our own write
         self._audit_task: asyncio.Task[None] | None = None
         self._audit_stale = False  # a change arrived since the audit log was last read
+        self._write_lock = asyncio.Lock()  # one write of this replica at a time
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -95,31 +105,52 @@ class StorePolicyHolder:
 
     # -- writes ----------------------------------------------------------------------------
     async def _write(self, body: Mapping[str, Any], kind: WriteKind, actor: str) -> PolicyChange:
+        deadline = time.monotonic() + WRITE_DEADLINE_S
+        async with self._write_lock:
+            backoff = RETRY_BACKOFF_S
+            attempts = 0
+            while True:
+                attempts += 1
+                change = await self._try_write(body, kind, actor)
+                if change is not None:
+                    return change
+                pause = random.uniform(0, backoff)
+                if time.monotonic() + pause > deadline:
+                    break
+                await asyncio.sleep(pause)
+                backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
+        raise RouterError(409, f"the policy changed concurrently on other replicas {attempts} "
+                               f"times in {WRITE_DEADLINE_S:g} s while applying this write; "
+                               "retry", code="version_conflict")
+
+    async def _try_write(self, body: Mapping[str, Any], kind: WriteKind,
+                         actor: str) -> PolicyChange | None:
+        """One compare-and-set; None when another replica's write came first (its policy is
+        then in force here, for the next attempt to merge onto)."""
         apply = apply_put if kind == "put" else apply_patch
-        for _ in range(MAX_WRITE_ATTEMPTS):
-            base = self._policy
-            new = apply(base, body)  # ValidationError -> 422, nothing written
-            stored = self._store.get_policy()
-            expected = 0 if stored is None else stored.version
-            self._pending = (actor, kind)
-            try:
-                record = await self._store.put_policy(policy_doc(new), expected, actor)
-            except VersionConflict as conflict:
-                # Another replica won: merge our body onto its policy and try again.
-                if conflict.current is not None:
-                    self._on_record(conflict.current)
-                continue
-            except StateUnavailable as exc:
-                raise RouterError(
-                    503, f"the shared state store is unavailable, the policy is unchanged "
-                         f"(retry later): {exc}", code="state_unavailable") from None
-            finally:
-                self._pending = None
-            self._on_record(record, kind, actor)  # no-op if the store's callback adopted it
-            return (self._changes.find(record.version)
-                    or PolicyChange(base, self._policy, datetime.now(UTC), "put"))
-        raise RouterError(409, f"policy changed concurrently {MAX_WRITE_ATTEMPTS} times "
-                               "while applying this write; retry", code="version_conflict")
+        base = self._policy
+        new = apply(base, body)  # ValidationError -> 422, nothing written
+        stored = self._store.get_policy()
+        expected = 0 if stored is None else stored.version
+        self._pending = (actor, kind)
+        try:
+            record = await self._store.put_policy(policy_doc(new), expected, actor)
+        except VersionConflict as conflict:
+            if conflict.current is not None:
+                self._on_record(conflict.current)
+            return None
+        except StateUnavailable as exc:
+            raise RouterError(
+                503, f"the shared state store is unavailable, the policy is unchanged "
+                     f"(retry later): {exc}", code="state_unavailable") from None
+        finally:
+            self._pending = None
+        self._on_record(record, kind, actor)  # no-op if the store's callback adopted it
+        # What this write stored, even when a later write of another replica is already
+        # in force here (its publish can overtake our reply).
+        written = new.model_copy(update={"version": record.version})
+        return (self._changes.find(record.version)
+                or PolicyChange(base, written, datetime.now(UTC), kind, actor))
 
     # -- adoption (own writes, pub/sub, reconcile, startup) --------------------------------
     def _on_record(self, record: PolicyRecord, kind: WriteKind | None = None,
