@@ -111,12 +111,51 @@ class AdminApi:
         except ClientDisconnect:
             raise RouterError(400, "client disconnected while sending the policy") from None
         try:
-            body = json.loads(b"".join(chunks))
+            body = json.loads(b"".join(chunks), parse_constant=_no_constant,
+                              parse_float=_finite_float)
+        except RecursionError:
+            raise _too_deep() from None
         except (ValueError, UnicodeDecodeError):
             raise RouterError(400, "policy body is not valid JSON") from None
         if not isinstance(body, dict):
             raise RouterError(400, "policy body must be a JSON object")
+        if _depth_exceeds(body, MAX_BODY_DEPTH):
+            raise _too_deep()
         return body
+
+
+#: A policy is a flat object with a few small lists and objects; deeper bodies are refused
+#: before validation, so nothing downstream recurses on client input.
+MAX_BODY_DEPTH = 16
+
+
+def _no_constant(name: str) -> Any:
+    """JSON has no NaN or Infinity (Python's parser accepts them by default)."""
+    raise RouterError(400, f"policy body: {name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as inf
+        raise RouterError(400, f"policy body: the number {text[:32]} is out of range")
+    return value
+
+
+def _too_deep() -> RouterError:
+    return RouterError(400, f"policy body is nested more than {MAX_BODY_DEPTH} levels deep")
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists/objects more than `limit` deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return False
 
 
 def _json_safe(value: Any) -> Any:

@@ -30,14 +30,29 @@ return 1
 
 # KEYS[1] replicas zset; ARGV[1] inflight key prefix, ARGV[2] ttl_ms.
 # Returns {id1, {backend, count, ...}, id2, {...}, ...} for replicas heard from within the TTL.
+# Every score is Redis's own TIME at a publish, so none is in the future: a member scored
+# beyond now + TTL was written by someone else and is dropped with its hash, or it would
+# count as load forever. A listed hash without a TTL gets one, so it expires like a replica's.
 _REFRESH_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[2]), '+inf')
+local ttl = tonumber(ARGV[2])
+local future = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. (now + ttl), '+inf')
+for _, id in ipairs(future) do
+  redis.call('DEL', ARGV[1] .. id)
+end
+if #future > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (now + ttl), '+inf')
+end
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], now - ttl, now + ttl)
 local out = {}
 for _, id in ipairs(ids) do
+  local key = ARGV[1] .. id
+  if redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIRE', key, ttl)
+  end
   out[#out + 1] = id
-  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. id)
+  out[#out + 1] = redis.call('HGETALL', key)
 end
 return out
 """

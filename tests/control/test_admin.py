@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pydantic import SecretStr
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
@@ -43,3 +44,21 @@ def test_an_invalid_write_names_each_field_in_the_message() -> None:
     error = refused.json()["error"]
     assert refused.status_code == 422 and error["param"] in {"mode", "switch_down"}
     assert "mode: " in error["message"] and "Value error, " not in error["message"]
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"switch_up": Infinity}', b'{"switch_up": -Infinity}', b'{"switch_up": NaN}',
+    b'{"switch_up": 1e400}', b'{"switch_up": -1e400}',
+    b'{"x": ' + b"[" * 30_000 + b"]" * 30_000 + b"}",
+    b'{"switch_up": ' + b'{"a": ' * 20 + b"1" + b"}" * 20 + b"}",
+], ids=["Infinity", "-Infinity", "NaN", "1e400", "-1e400", "deep-nesting", "nested-20"])
+def test_non_finite_numbers_and_deep_nesting_are_400_in_openai_format(raw: bytes) -> None:
+    client = TestClient(_client().app, raise_server_exceptions=False)
+    for method in ("PUT", "PATCH"):
+        answer = client.request(method, "/policy", content=raw,
+                                headers={**AUTH, "content-type": "application/json"})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert set(error) >= {"message", "type", "param", "code"}
+        assert error["type"] == "invalid_request_error"
+    assert client.get("/policy").json()["policy"]["version"] == 1  # nothing written

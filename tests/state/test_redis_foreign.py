@@ -20,19 +20,25 @@ from tests.fixtures.redis import RedisServer
 pytestmark = pytest.mark.anyio
 
 
-def _intrude(server: RedisServer, fields: dict[str, str]) -> None:
-    """A replica id the cluster never started, heard from just now, with these counts."""
+def _redis_now_ms(server: RedisServer) -> int:
+    seconds, micros = server.client().time()  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _intrude(server: RedisServer, fields: dict[str, str], score_offset_ms: int = 0,
+             name: str = "intruder") -> None:
+    """A replica id the cluster never started, heard from at Redis's now + the offset, with
+    these counts in a hash without a TTL."""
     client = server.client()
-    now_ms = int(float(client.time()[0]) * 1000)  # type: ignore[index]
-    client.hset("specrouter:inflight:intruder", mapping=fields)
-    client.zadd("specrouter:replicas", {"intruder": now_ms + 60_000})
+    client.hset(f"specrouter:inflight:{name}", mapping=fields)
+    client.zadd("specrouter:replicas", {name: _redis_now_ms(server) + score_offset_ms})
 
 
 async def test_a_count_that_is_not_an_integer_is_skipped_and_the_view_keeps_moving(
     redis_server: RedisServer, stores: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    a = await stores(redis_server, "r1")
-    b = await stores(redis_server, "r2")
+    a = await stores(redis_server, "r1", ttl_s=10.0)  # the intruder stays alive meanwhile
+    b = await stores(redis_server, "r2", ttl_s=10.0)
     _intrude(redis_server, {"gpu0/eagle": "lots", "gpu0/base": "2"})
     with caplog.at_level(logging.WARNING, logger="specrouter.state"):
         await eventually(lambda: a.cluster_inflight() == {"gpu0/base": 2}, what="the valid count")
@@ -91,3 +97,33 @@ async def test_an_answer_to_the_wrong_question_drops_the_connections_and_heals(
     assert a.status()["connected"]
     assert any("unexpected error" in r.getMessage() and "TypeError" in r.getMessage()
                for r in caplog.records)
+
+
+async def test_an_entry_scored_in_the_future_never_counts_and_is_removed(
+    redis_server: RedisServer, stores: Callable[..., Any]
+) -> None:
+    a = await stores(redis_server, "r1")
+    b = await stores(redis_server, "r2")
+    _intrude(redis_server, {"gpu0/eagle": "7"}, score_offset_ms=3_600_000, name="ghost")
+    client = redis_server.client()
+    await eventually(lambda: client.zscore("specrouter:replicas", "ghost") is None,
+                     what="the future-scored member dropped")
+    assert not client.exists("specrouter:inflight:ghost")
+    lease = b.acquire("gpu0/eagle")  # a refresh after the intrusion shows b's count only
+    await eventually(lambda: a.cluster_inflight() == {"gpu0/eagle": 1}, what="b's count")
+    lease.release()
+    await eventually(lambda: a.cluster_inflight() == {}, what="no phantom load")
+
+
+async def test_a_hash_without_ttl_expires_like_a_replicas(
+    redis_server: RedisServer, stores: Callable[..., Any]
+) -> None:
+    a = await stores(redis_server, "r1")
+    _intrude(redis_server, {"gpu0/base": "3"}, name="stale")
+    client = redis_server.client()
+    await eventually(lambda: a.cluster_inflight() == {"gpu0/base": 3}, what="its count, alive")
+    assert 0 < client.pttl("specrouter:inflight:stale") <= 1000  # given the store's TTL
+    await eventually(lambda: a.cluster_inflight() == {}, timeout=5.0,
+                     what="its count gone once it is older than the TTL")
+    await eventually(lambda: not client.exists("specrouter:inflight:stale"), timeout=5.0,
+                     what="the hash expired")
