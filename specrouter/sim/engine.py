@@ -308,6 +308,17 @@ class Engine:
 
     # --- live load -------------------------------------------------------------------------
     @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.prefilling or self.running)
+
+    def refresh_idle_snapshot(self) -> None:
+        """0.5.23's idle scheduler loops without a batch and publishes a snapshot on every
+        iteration (scheduler.py:5241-5324, no --sleep-on-idle): an idle engine's snapshot is
+        always fresh. A wedged scheduler loops no more."""
+        if self.idle and not self.wedged:
+            self.publish_loads()
+
+    @property
     def num_running(self) -> int:
         return len(self.running) + len(self.prefilling)
 

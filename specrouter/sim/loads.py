@@ -1,7 +1,8 @@
 """GET /v1/loads as each SGLang release renders it.
 
 0.5.23 (entrypoints/v1_loads.py:95-150, managers/load_snapshot.py:196-264): the snapshot the
-scheduler last published (every 15 decode batches, every prefill batch, at idle), each rank
+scheduler last published (every 15 decode batches, every prefill batch, and continuously while
+idle), each rank
 with its own `timestamp` on the server clock and every core scalar (None ones as null); the top
 level carries `accelerator` and `num_accelerators`; `loads` is empty when the snapshot reader is
 not attached. 0.5.10 (v1_loads.py:130-175, observability/scheduler_metrics_mixin.py): answered
@@ -57,6 +58,7 @@ def _invalid(include: set[str]) -> str:
 
 def _render_snapshot(engine: Engine, version: SglangVersion, include: set[str] | None,
                      dp_rank: int | None, reader_attached: bool) -> dict[str, Any]:
+    engine.refresh_idle_snapshot()
     snaps = [engine.loads] if reader_attached and engine.publishes and dp_rank in (None, 0) \
         else []
     if include is not None and not include <= SECTIONS and snaps:

@@ -176,9 +176,13 @@ def test_loads_snapshot_freshness_and_empty_reader(sim_group: Callable[..., SimG
     assert 1 < len(stamps) <= published
     entry = _loads_entry(url)
     assert time.time() - entry["timestamp"] < 1.0  # the server clock
+    stream.close()
+    wait_until(lambda: group.state("baseline")["running"] == 0, 10, "idle")
+    first = _loads_entry(url)["timestamp"]
+    time.sleep(0.05)
+    assert _loads_entry(url)["timestamp"] > first  # an idle scheduler publishes on every loop
     group.control("baseline", loads_reader_detached=True)
     assert httpx.get(f"{url}/v1/loads").json()["loads"] == []
-    stream.close()
 
 
 def test_loads_live_on_0_5_10(sim_group: Callable[..., SimGroup]) -> None:
