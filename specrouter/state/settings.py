@@ -106,5 +106,16 @@ class StateSettings(BaseModel):
         return self
 
     @property
+    def password_warning(self) -> str | None:
+        """A start-up warning when the Redis URL carries no password (anyone who can reach
+        that Redis can rewrite the policy and the load view); None otherwise. The URL in it
+        is redacted."""
+        if self.redis_url is None or urlsplit(self.redis_url.get_secret_value()).password:
+            return None
+        return (f"shared state: the Redis URL {self.redacted_url} has no password: anyone who "
+                "can reach that Redis can change the routing policy and the load the "
+                "replicas see; use redis://user:password@host (a Redis ACL user) or rediss://")
+
+    @property
     def redacted_url(self) -> str | None:
         return None if self.redis_url is None else redact_url(self.redis_url.get_secret_value())
