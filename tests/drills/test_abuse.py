@@ -209,7 +209,10 @@ def test_unknown_fields_reach_the_backend_byte_for_byte(router: RouterFactory) -
                               headers={"content-type": "application/json"}, timeout=10.0)
         assert response.status_code == 200, response.text
         forwarded = tap.generation_requests()
-        assert len(forwarded) == 1 and forwarded[0].body == body
+        # the router adds one field in front, the attempt's SGLang rid (proxy/abort.py)
+        rid = json.loads(forwarded[0].body)["rid"]
+        added = b'{"rid":' + json.dumps(rid).encode() + b","
+        assert len(forwarded) == 1 and forwarded[0].body == added + body[1:]
         assert forwarded[0].path == "/v1/chat/completions"
 
 
