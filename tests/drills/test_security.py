@@ -139,4 +139,5 @@ def test_abuse_limits_have_safe_defaults_and_reach_uvicorn() -> None:
     options = uvicorn_options(settings)
     assert options["limit_concurrency"] == 4096
     assert options["timeout_keep_alive"] == 5.0
-    assert options["http"] == "specrouter.edge.guard:GuardedHttpToolsProtocol"
+    # the guard (head size and time) plus the connection limit enforced at accept
+    assert options["http"] == "specrouter.commands.descriptors:BudgetedHttpToolsProtocol"
