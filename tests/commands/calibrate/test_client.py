@@ -1,0 +1,40 @@
+"""The calibration client against the simulator speaking SGLang 0.5.23: the accept length it
+records for a level is the windowed /metrics gauge, not SGLang's lifetime mean."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+
+from specrouter.commands.calibrate.client import LoadShape, PoolClient, read_accept_length
+from specrouter.commands.calibrate.measure import LevelResult
+from specrouter.observe.telemetry import parse_v1_loads
+from tests.fixtures.sim import SimGroup
+
+
+async def _level(url: str, client: httpx.AsyncClient, requests: int) -> None:
+    pool = PoolClient(url, LoadShape(64, 96, "sim"), None, client)
+    result = LevelResult("eagle", 4)
+    await asyncio.gather(*(pool.one(result) for _ in range(requests)))
+    assert result.requests == requests
+
+
+def test_a_level_reads_the_window_of_its_own_steps(sim_group: Callable[..., SimGroup]) -> None:
+    group = sim_group(time_scale=0.02, sglang_version="0.5.23")
+    url = group.url("eagle")
+
+    async def run() -> tuple[float | None, float | None]:
+        async with httpx.AsyncClient(timeout=60.0) as client:
+            group.control("eagle", accept_length=3.0)
+            await _level(url, client, 12)
+            group.control("eagle", accept_length=1.2)
+            await _level(url, client, 8)
+            loads = (await client.get(url + "/v1/loads?include=core,spec")).json()
+            lifetime = parse_v1_loads(loads, 0.0).accept_lifetime
+            return await read_accept_length(url, client), lifetime
+
+    windowed, lifetime = asyncio.run(run())
+    assert windowed is not None and windowed < 1.5, windowed
+    assert lifetime is not None and lifetime > 1.6, lifetime  # the mean still holds level one
