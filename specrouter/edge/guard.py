@@ -6,7 +6,8 @@ byte a minute (slowloris), or nothing at all, would hold a file descriptor and a
 plus headers) passes `max_header_bytes`, and closes a connection whose head is not complete
 within `header_timeout_s` of its first byte (or of the connection opening). Bodies and
 responses are untouched: a long generation is normal, a long request head never is. Past
-`limit_concurrency` the 503 is in OpenAI format, like every router error.
+`limit_concurrency` the 503, and a request the parser rejects gets its 400, in OpenAI
+format, like every router error.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ async def _too_many_connections(scope: Any, receive: Any, send: Any) -> None:
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _describe_400(msg: str) -> str:
+    if msg == "Invalid HTTP request received.":
+        return "invalid HTTP request: the request line or a header could not be parsed"
+    return msg
 
 
 class _HeadRefused(Exception):
@@ -76,8 +83,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse_too_large()
 
     def send_400_response(self, msg: str) -> None:
-        if not self._refused:  # our 431 went out already; the parser error is ours
-            super().send_400_response(msg)
+        if self._refused:  # our 431 went out already; the parser error is ours
+            return
+        self._refused = True
+        if not self.transport.is_closing():
+            self.transport.write(_response(400, b"Bad Request", _describe_400(msg)))
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

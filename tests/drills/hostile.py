@@ -29,14 +29,19 @@ class Received:
 Script = Callable[[Received, BinaryIO], None]
 
 
-def endless(head: bytes, frame: Callable[[bytes], bytes] = lambda b: b) -> Script:
+def endless(head: bytes, frame: Callable[[bytes], bytes] = lambda b: b,
+            cap: int | None = None) -> Script:
     """A response head, then body bytes (each passed through `frame`) until the router
-    closes the connection."""
+    closes the connection; with `cap`, at most that many, then silence for 30 s (a
+    measurement of an unbounded router must not exhaust the machine)."""
     def script(_: Received, out: BinaryIO) -> None:
         out.write(head)
-        while True:
+        sent = 0
+        while cap is None or sent < cap:
             out.write(frame(CHUNK))
             out.flush()
+            sent += len(CHUNK)
+        threading.Event().wait(30.0)
     return script
 
 
