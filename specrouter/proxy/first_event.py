@@ -7,7 +7,7 @@ with HTTP 200 and one event carrying status 503, then `data: [DONE]`:
 `data: {"error": {..., "code": 503}}` on the OpenAI routes, an output whose
 `meta_info.finish_reason` is `{"type": "abort", "status_code": 503, ...}` on `/generate`
 (SGLang 0.5.23 `serving_chat.py:2568-2580`, `tokenizer_manager.py:1891-1922`,
-`entrypoints/http_server.py:949-957`). `event_status` finds that status, so such a
+`entrypoints/http_server.py:956`). `event_status` finds that status, so such a
 stream is retried elsewhere like an HTTP 503.
 """
 

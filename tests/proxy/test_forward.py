@@ -29,7 +29,7 @@ DONE = b"data: [DONE]\n\n"
 # serving_base.py:223-237): HTTP 200, one error event, [DONE].
 QUEUE_FULL = (b'data: {"error": {"object": "error", "message": "The request queue is full.",'
               b' "type": "SERVICE_UNAVAILABLE", "param": null, "code": 503}}\n\n' + DONE)
-# /generate's (tokenizer_manager.py:1891-1922 returns the output; http_server.py:955 sends it)
+# /generate's (tokenizer_manager.py:1891-1922 returns the output; http_server.py:956 sends it)
 GENERATE_QUEUE_FULL = (b'data: {"text":"","output_ids":[],"meta_info":{"id":"x","finish_reason":'
                        b'{"type":"abort","message":"The request queue is full.",'
                        b'"status_code":503}}}\n\n' + DONE)
