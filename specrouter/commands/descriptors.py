@@ -137,7 +137,7 @@ def plan_budget(settings: Settings, limit: int) -> DescriptorBudget:
         # The idle pool gets at most a quarter of what is left; clients the rest.
         idle = min(idle, max(available // 4 // max(backends, 1), 0))
         clients = _most_clients(available, clients, backends, per_backend, idle)
-    if clients < MIN_CLIENT_CONNECTIONS:
+    if clients < min(MIN_CLIENT_CONNECTIONS, settings.limits.max_connections):
         minimum = (reserve + MIN_CLIENT_CONNECTIONS
                    + upstream_bound(MIN_CLIENT_CONNECTIONS, backends, per_backend, 0))
         raise DescriptorBudgetError(

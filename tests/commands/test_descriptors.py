@@ -53,6 +53,11 @@ def test_a_limit_too_low_for_a_minimal_budget_is_refused_with_the_fix() -> None:
         plan_budget(_settings(), 64)
 
 
+def test_a_small_configured_limit_is_kept_not_refused() -> None:
+    budget = plan_budget(_settings(limits={"max_connections": 4}), 256)
+    assert not budget.lowered and budget.max_connections == 4
+
+
 def test_merge_keeps_the_other_fields_of_a_section() -> None:
     merged = merge_overrides({"limits": {"max_body_bytes": 10}, "workers": 2},
                              {"limits": {"max_connections": 5}})
