@@ -1,8 +1,8 @@
 """Failures of the router's own resources, which say nothing about a backend.
 
-A health check or a telemetry poll that fails because the router ran out of file
-descriptors or socket buffers (EMFILE, ENFILE, ENOBUFS, ENOMEM) is not evidence against
-the backend: the caller keeps the backend's last state and logs the failure, at most once
+A health check, a telemetry poll or an upstream connect that fails because the router ran
+out of file descriptors or socket buffers (EMFILE, ENFILE, ENOBUFS, ENOMEM) is not evidence
+against the backend: the caller keeps the backend's last state and logs the failure, at most once
 per `RateLimitedLog.every_s`.
 """
 

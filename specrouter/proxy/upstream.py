@@ -9,7 +9,6 @@ client gets.
 
 from __future__ import annotations
 
-import errno
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol
 
@@ -19,8 +18,6 @@ from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 RawHeaders = list[tuple[bytes, bytes]]
 #: A request body as read once from the client; forwarded without another copy.
 RequestBody = bytes | bytearray
-# What the router itself runs out of (descriptors, kernel buffers, memory), not the backend.
-_LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class UpstreamError(Exception):
@@ -44,18 +41,6 @@ class UpstreamLocalError(UpstreamError):
     """The router could not start the exchange for want of a local resource (no free file
     descriptor: EMFILE, ENFILE). Nothing says the backend is unwell, so it is never
     recorded as a backend failure; the client gets a 503 from the router."""
-
-
-def local_resource_error(exc: BaseException | None) -> OSError | None:
-    """The OSError for a resource the router itself ran out of that `exc` is, or was
-    raised from (what a library such as httpx wraps as a connect error); else None."""
-    for _ in range(8):  # a cause chain is short; a cycle must not loop forever
-        if exc is None:
-            return None
-        if isinstance(exc, OSError) and exc.errno in _LOCAL_ERRNOS:
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
 
 
 class UpstreamResponse(Protocol):

@@ -13,6 +13,7 @@ import httpx
 
 from specrouter.backends import Backend
 from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
+from specrouter.observe.local_errors import local_resource_error
 from specrouter.proxy.upstream import (
     RawHeaders,
     RequestBody,
@@ -21,7 +22,6 @@ from specrouter.proxy.upstream import (
     UpstreamOverLimit,
     UpstreamTimeout,
     UpstreamUnreachable,
-    local_resource_error,
 )
 
 

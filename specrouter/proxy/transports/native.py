@@ -21,6 +21,7 @@ import httptools
 
 from specrouter.backends import Backend
 from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
+from specrouter.observe.local_errors import local_resource_error
 from specrouter.proxy.upstream import (
     RawHeaders,
     RequestBody,
@@ -29,7 +30,6 @@ from specrouter.proxy.upstream import (
     UpstreamOverLimit,
     UpstreamTimeout,
     UpstreamUnreachable,
-    local_resource_error,
 )
 
 _HIGH_WATER = 1 << 20  # buffered response bytes before reading from the backend pauses
