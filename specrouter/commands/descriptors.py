@@ -13,23 +13,20 @@ going down. So at start-up:
    idle keep-alive pool of every backend) plus a reserve for everything else must fit. If
    they do not, the client-connection limit and the idle pool are lowered with a warning;
    if not even `MIN_CLIENT_CONNECTIONS` fit, the router refuses to start;
-3. `BudgetedHttpToolsProtocol` serves fewer than `max_connections` connections at once and
-   answers the ones beyond with the OpenAI-format 503 (`code: "overloaded"`), so the
-   descriptors of the reserve are never taken by clients.
+3. the edge's `BudgetedHttpToolsProtocol` (`specrouter.edge.guard`) serves fewer than
+   `max_connections` connections at once and answers the ones beyond with the OpenAI-format
+   503 (`code: "overloaded"`), so the descriptors of the reserve are never taken by clients.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import resource
-import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from specrouter.config import Settings
-from specrouter.edge.guard import GuardedHttpToolsProtocol
-from specrouter.errors import openai_error_body
+from specrouter.edge.guard import MAX_PENDING_REFUSALS
 
 log = logging.getLogger("specrouter.commands.descriptors")
 
@@ -39,8 +36,6 @@ PROCESS_RESERVE = 32
 PER_BACKEND_RESERVE = 4
 #: The Redis store's connections (commands and pub/sub) when shared state is on.
 REDIS_RESERVE = 8
-#: Connections beyond the budget waiting for their request head to be refused.
-MAX_PENDING_REFUSALS = 16
 #: Below this many client connections the router refuses to start.
 MIN_CLIENT_CONNECTIONS = 8
 
@@ -185,87 +180,3 @@ def merge_overrides(overrides: dict[str, Any], extra: dict[str, dict[str, int]])
     for section, values in extra.items():
         merged[section] = {**merged.get(section, {}), **values}
     return merged
-
-
-#: What uvicorn's `http=` takes: an import string survives the trip to worker processes.
-PROTOCOL = "specrouter.commands.descriptors:BudgetedHttpToolsProtocol"
-
-
-def _refusal() -> bytes:
-    body = openai_error_body(503, "too many connections: retry later", code="overloaded")
-    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)) + body
-
-
-class BudgetedHttpToolsProtocol(GuardedHttpToolsProtocol):
-    """Serves fewer than `limit_concurrency` connections at once.
-
-    A connection beyond that is not served: it leaves uvicorn's connection set (so it takes
-    no place of a served one) and gets the 503 as soon as its request head starts to arrive
-    (answering before the client has written would make its write meet a closed socket),
-    or after `refusal_grace_s` if it sends nothing. At most `MAX_PENDING_REFUSALS` wait so;
-    beyond that a connection gets the 503 at once. Served connections are then always
-    fewer than the limit, so uvicorn's own check never refuses a request on a keep-alive
-    connection that was accepted within the budget.
-    """
-
-    refusal_grace_s: ClassVar[float] = 0.5
-    pending_refusals: ClassVar[int] = 0
-    refused_since_warning: ClassVar[int] = 0
-    last_warning: ClassVar[float] = 0.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._over_budget = False
-        self._refusal_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        limit = self.limit_concurrency
-        over = limit is not None and len(self.connections) >= limit - 1
-        super().connection_made(transport)
-        if not over:
-            return
-        self.connections.discard(self)
-        self._over_budget = True
-        cls = BudgetedHttpToolsProtocol
-        cls.pending_refusals += 1
-        if cls.pending_refusals > MAX_PENDING_REFUSALS:
-            self._refuse_connection()
-        else:
-            self._refusal_timer = self.loop.call_later(self.refusal_grace_s,
-                                                       self._refuse_connection)
-
-    def data_received(self, data: bytes) -> None:
-        if self._over_budget:
-            self._refuse_connection()
-            return
-        super().data_received(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._over_budget:
-            self._over_budget = False
-            BudgetedHttpToolsProtocol.pending_refusals -= 1
-            if self._refusal_timer is not None:
-                self._refusal_timer.cancel()
-        super().connection_lost(exc)
-
-    def _refuse_connection(self) -> None:
-        self._refused = True  # the guard then ignores whatever else arrives
-        if self._refusal_timer is not None:
-            self._refusal_timer.cancel()
-            self._refusal_timer = None
-        if not self.transport.is_closing():
-            self.transport.write(_refusal())
-            self.transport.close()
-            self._warn_refused()
-
-    def _warn_refused(self) -> None:
-        """One warning per 10 s at most: a flood of connections must not flood the log."""
-        cls = BudgetedHttpToolsProtocol
-        cls.refused_since_warning += 1
-        now = time.monotonic()
-        if now - cls.last_warning >= 10.0:
-            self.logger.warning("refused %d connection(s) beyond the limit of %s open "
-                                "connections (limits.max_connections)",
-                                cls.refused_since_warning, self.limit_concurrency)
-            cls.refused_since_warning, cls.last_warning = 0, now

@@ -31,7 +31,6 @@ from typing import Any
 
 import uvicorn
 
-from specrouter.commands import descriptors
 from specrouter.commands.descriptors import (
     DescriptorBudgetError,
     fit_descriptor_budget,
@@ -136,7 +135,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         loop="uvloop",
         # httptools plus request-head size and time limits (slowloris, huge headers) and
         # the connection limit enforced at accept (the descriptor budget).
-        http=descriptors.PROTOCOL,
+        http=guard.PROTOCOL,
         limit_concurrency=limits.max_connections,
         timeout_keep_alive=limits.keep_alive_timeout_s,
         lifespan="on",

@@ -1,4 +1,5 @@
-"""uvicorn's httptools protocol with the two limits it lacks: request-head size and time.
+"""uvicorn's httptools protocol with the limits it lacks: request-head size and time, and
+connections within the descriptor budget (`BudgetedHttpToolsProtocol`).
 
 httptools buffers a header of any size, and a connection that sends its request head one
 byte a minute (slowloris), or nothing at all, would hold a file descriptor and a slot of
@@ -13,7 +14,8 @@ format, like every router error.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import time
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -42,10 +44,6 @@ def _describe_400(msg: str) -> str:
 
 class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a refused request."""
-
-
-#: What uvicorn's `http=` takes: an import string survives the trip to worker processes.
-PROTOCOL = "specrouter.edge.guard:GuardedHttpToolsProtocol"
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -160,3 +158,89 @@ def apply_limits(max_header_bytes: int, header_timeout_s: float) -> None:
     """Set the limits of every connection this process accepts from now on."""
     GuardedHttpToolsProtocol.max_header_bytes = max_header_bytes
     GuardedHttpToolsProtocol.header_timeout_s = header_timeout_s
+
+
+#: What uvicorn's `http=` takes: an import string survives the trip to worker processes.
+PROTOCOL = "specrouter.edge.guard:BudgetedHttpToolsProtocol"
+#: Connections beyond the budget waiting for their request head to be refused.
+MAX_PENDING_REFUSALS = 16
+
+
+def _refusal() -> bytes:
+    body = openai_error_body(503, "too many connections: retry later", code="overloaded")
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)) + body
+
+
+class BudgetedHttpToolsProtocol(GuardedHttpToolsProtocol):
+    """Serves fewer than `limit_concurrency` connections at once.
+
+    A connection beyond that is not served: it leaves uvicorn's connection set (so it takes
+    no place of a served one) and gets the 503 as soon as its request head starts to arrive
+    (answering before the client has written would make its write meet a closed socket),
+    or after `refusal_grace_s` if it sends nothing. At most `MAX_PENDING_REFUSALS` wait so;
+    beyond that a connection gets the 503 at once. Served connections are then always
+    fewer than the limit, so uvicorn's own check never refuses a request on a keep-alive
+    connection that was accepted within the budget.
+    """
+
+    refusal_grace_s: ClassVar[float] = 0.5
+    pending_refusals: ClassVar[int] = 0
+    refused_since_warning: ClassVar[int] = 0
+    last_warning: ClassVar[float] = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._over_budget = False
+        self._refusal_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        limit = self.limit_concurrency
+        over = limit is not None and len(self.connections) >= limit - 1
+        super().connection_made(transport)
+        if not over:
+            return
+        self.connections.discard(self)
+        self._over_budget = True
+        cls = BudgetedHttpToolsProtocol
+        cls.pending_refusals += 1
+        if cls.pending_refusals > MAX_PENDING_REFUSALS:
+            self._refuse_connection()
+        else:
+            self._refusal_timer = self.loop.call_later(self.refusal_grace_s,
+                                                       self._refuse_connection)
+
+    def data_received(self, data: bytes) -> None:
+        if self._over_budget:
+            self._refuse_connection()
+            return
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._over_budget:
+            self._over_budget = False
+            BudgetedHttpToolsProtocol.pending_refusals -= 1
+            if self._refusal_timer is not None:
+                self._refusal_timer.cancel()
+        super().connection_lost(exc)
+
+    def _refuse_connection(self) -> None:
+        self._refused = True  # the guard then ignores whatever else arrives
+        if self._refusal_timer is not None:
+            self._refusal_timer.cancel()
+            self._refusal_timer = None
+        if not self.transport.is_closing():
+            self.transport.write(_refusal())
+            self.transport.close()
+            self._warn_refused()
+
+    def _warn_refused(self) -> None:
+        """One warning per 10 s at most: a flood of connections must not flood the log."""
+        cls = BudgetedHttpToolsProtocol
+        cls.refused_since_warning += 1
+        now = time.monotonic()
+        if now - cls.last_warning >= 10.0:
+            self.logger.warning("refused %d connection(s) beyond the limit of %s open "
+                                "connections (limits.max_connections)",
+                                cls.refused_since_warning, self.limit_concurrency)
+            cls.refused_since_warning, cls.last_warning = 0, now

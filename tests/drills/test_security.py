@@ -140,4 +140,4 @@ def test_abuse_limits_have_safe_defaults_and_reach_uvicorn() -> None:
     assert options["limit_concurrency"] == 4096
     assert options["timeout_keep_alive"] == 5.0
     # the guard (head size and time) plus the connection limit enforced at accept
-    assert options["http"] == "specrouter.commands.descriptors:BudgetedHttpToolsProtocol"
+    assert options["http"] == "specrouter.edge.guard:BudgetedHttpToolsProtocol"
