@@ -137,7 +137,7 @@ def create_app(
         try:
             yield
         finally:
-            await proxy.prober.aclose()
+            await proxy.aclose()
             await router.stop()
             if owned:
                 await asyncio.gather(*(u.aclose() for u in upstreams.values()))

@@ -70,7 +70,9 @@ def new_rid(request_id: bytes) -> str:
 def with_rid(body: RequestBody, rid: str) -> bytes:
     """`body` (a JSON object, checked before routing) with `rid` as its first field, in
     one copy of the body."""
-    brace = len(body) - len(body.lstrip())
+    brace = 0
+    while brace < len(body) and body[brace] in _JSON_SPACE:  # no stripped copy of the body
+        brace += 1
     after = brace + 1
     while after < len(body) and body[after] in _JSON_SPACE:
         after += 1

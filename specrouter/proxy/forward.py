@@ -61,6 +61,7 @@ from specrouter.proxy.upstream import (
     Upstream,
     UpstreamError,
     UpstreamLocalError,
+    UpstreamOverLimit,
     UpstreamResponse,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -89,6 +90,9 @@ class _Attempt:
     body: RequestBody
     rids: tuple[str, ...]
     settled: bool = False
+    # the router cut the exchange at one of its own limits (`limits.max_stream_duration_s`):
+    # an outcome that says nothing about the backend
+    cut_by_router: bool = False
 
 
 class Proxy:
@@ -310,7 +314,8 @@ class RequestCycle:
                 attempt.settled = error is None
             if error is None and status >= 500:
                 error = f"HTTP {status}"
-            self.router.record_outcome(name, error is None, error)
+            if not attempt.cut_by_router:
+                self.router.record_outcome(name, error is None, error)
         finally:
             await response.aclose()
 
@@ -361,6 +366,8 @@ class RequestCycle:
                         tail = keep_tail(tail, chunk)
         except UpstreamTimeout as exc:
             error, code = f"backend went silent: {exc}", 504
+        except UpstreamOverLimit as exc:
+            error, attempt.cut_by_router = f"stream stopped by the router: {exc}", True
         except UpstreamError as exc:
             error = f"backend stream failed: {exc}"
         else:

@@ -58,7 +58,9 @@ def _endless_events(_: Received, out: object) -> None:
 
 
 def test_a_stream_past_its_duration_limit_ends_with_an_error_event() -> None:
-    env = {"SPECROUTER_LIMITS__MAX_STREAM_DURATION_S": "1"}
+    env = {"SPECROUTER_LIMITS__MAX_STREAM_DURATION_S": "1",
+           # one recorded failure would open the breaker for the rest of the test
+           "SPECROUTER_BREAKER": json.dumps({"failure_threshold": 1, "cooldown_s": 60})}
     with routed(_endless_events, env) as (router, backend):
         with httpx.stream("POST", f"{router.url}/v1/chat/completions", timeout=10.0,
                           json={**CHAT, "stream": True}) as response:
@@ -68,6 +70,9 @@ def test_a_stream_past_its_duration_limit_ends_with_an_error_event() -> None:
         assert "1 s stream limit" in error["message"]
         assert backend.cut.wait(5.0)
         router.wait_idle()
+        # The router's own limit says nothing about the backend: no failure is recorded.
+        states = router.ready()["backends"]
+        assert all(state["breaker"] == "closed" for state in states), states
 
 
 def test_a_request_the_parser_rejects_gets_an_openai_error() -> None:
