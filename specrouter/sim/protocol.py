@@ -78,13 +78,21 @@ def _stop(value: Any) -> tuple[str, ...]:
     raise BadRequest("stop: Input should be a valid string or list of strings")
 
 
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
 def _bool(body: dict[str, Any], key: str) -> bool:
+    """A `bool` field as SGLang's (non-strict) pydantic models read it: lax mode takes 0/1
+    and the strings pydantic knows (openai/protocol.py `stream: bool = False`)."""
     v = body.get(key, False)
-    if v is None:
-        return False
-    if not isinstance(v, bool):
-        raise BadRequest(f"{key}: Input should be a valid boolean")
-    return v
+    if v is None or isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, int | float) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+        return v.strip().lower() in _TRUE
+    raise BadRequest(f"{key}: Input should be a valid boolean")
 
 
 def _include_usage(body: dict[str, Any]) -> bool:

@@ -70,7 +70,7 @@ def test_malformed_json_and_invalid_utf8_are_400(abused: Drill) -> None:
 
 def test_wrong_types_get_the_engines_400_passed_through(abused: Drill) -> None:
     url = f"{abused.url}/v1/chat/completions"
-    for bad in ({"stream": "yes"}, {"messages": "not a list"}, {"max_tokens": "lots"},
+    for bad in ({"stream": "maybe"}, {"messages": "not a list"}, {"max_tokens": "lots"},
                 {"messages": [{"content": "no role"}]}, {"stream_options": 3}):
         body = {**chat_body(4, stream=False), **bad}
         routed = httpx.post(url, json=body, timeout=10.0)
@@ -237,3 +237,15 @@ def test_admin_writes_tokens_invalid_and_oversized_policies(abused: Drill) -> No
     assert httpx.patch(url, json=patch, headers=auth, timeout=5.0).status_code == 200
     assert httpx.get(url, timeout=5.0).json()["policy"]["mode"] == "baseline"
     assert MODEL  # the policy change did not touch the model routes
+
+
+def test_a_lax_stream_flag_streams_through_the_router_as_on_the_engine(abused: Drill) -> None:
+    """SGLang's request models are lax pydantic: "yes" is True, so router and engine both
+    stream it (the router must not wait for a whole body that never comes)."""
+    body = {**chat_body(4, stream=False), "stream": "yes"}
+    for url in (abused.url, abused.sim().eagle_url):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
+                          timeout=10.0) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]", (url, lines)
