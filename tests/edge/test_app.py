@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from starlette.types import ASGIApp
 
-from specrouter.backends import Backend
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
 from specrouter.proxy.upstream import (
@@ -24,9 +23,8 @@ from specrouter.proxy.upstream import (
     UpstreamUnreachable,
 )
 from specrouter.routing.arrivals import GENERATION_PATHS
-from specrouter.routing.router import NoBackendAvailable, RequestInfo, Target
+from tests.fixtures.fake_router import BACKENDS, ListRouter
 
-BACKENDS = (Backend("e0", "http://e0", "eagle", "g0"), Backend("b0", "http://b0", "baseline", "g0"))
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -70,60 +68,6 @@ class FakeBackend:
                                   (b"server", b"sglang"), (b"content-length", b"999")])
 
     async def aclose(self) -> None:
-        pass
-
-
-class ListRouter:
-    """Chooses the first backend not excluded (the baseline after a recall); with
-    `recall_first` the first target of a request comes already recalled."""
-
-    def __init__(self, recall_first: bool = False) -> None:
-        self.recall_first = recall_first
-        self.requests: list[RequestInfo] = []
-        self.outcomes: list[tuple[str, bool]] = []
-        self.held: dict[str, int] = {b.name: 0 for b in BACKENDS}
-
-    @property
-    def backends(self) -> Sequence[Backend]:
-        return BACKENDS
-
-    async def settle(self, request: RequestInfo) -> int:
-        return 0
-
-    def choose(self, request: RequestInfo) -> Target:
-        self.requests.append(request)
-        left = [b for b in BACKENDS if b.name not in request.exclude]
-        if not left:
-            raise NoBackendAvailable("none left")
-        backend = BACKENDS[1] if request.recalled else left[0]
-        recall = None
-        if self.recall_first and not request.recalled:
-            recall = asyncio.Event()
-            recall.set()
-        return Target("g0", backend.pool, backend, "test", recall=recall)
-
-    def acquire(self, target: Target) -> None:
-        self.held[target.backend.name] += 1
-
-    def release(self, target: Target) -> None:
-        self.held[target.backend.name] -= 1
-
-    def record_outcome(self, backend: str, ok: bool, error: str | None = None) -> None:
-        self.outcomes.append((backend, ok))
-
-    def healthy(self, backend: str) -> bool:
-        return True
-
-    def inflight(self, backend: str) -> int:
-        return self.held[backend]
-
-    def details(self) -> dict[str, Any]:
-        return {}
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
         pass
 
 

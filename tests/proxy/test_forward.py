@@ -13,15 +13,13 @@ from typing import Any
 import pytest
 from starlette.types import Message
 
-from specrouter.backends import Backend
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
 from specrouter.proxy.abort import client_rids, with_rid
 from specrouter.proxy.first_event import event_status
 from specrouter.proxy.upstream import RawHeaders, UpstreamResponse
-from specrouter.routing.router import NoBackendAvailable, RequestInfo, Target
+from tests.fixtures.fake_router import BACKENDS, ListRouter
 
-BACKENDS = (Backend("e0", "http://e0", "eagle", "g0"), Backend("b0", "http://b0", "baseline", "g0"))
 SSE = [(b"content-type", b"text/event-stream")]
 JSON = [(b"content-type", b"application/json")]
 DONE = b"data: [DONE]\n\n"
@@ -85,60 +83,6 @@ class Backend_:
         return Scripted(200, SSE, [self.stream])
 
     async def aclose(self) -> None:
-        pass
-
-
-class ListRouter:
-    """The first backend not excluded; with `recall_first` a request's first target comes
-    already recalled (and its second is the baseline)."""
-
-    def __init__(self, recall_first: bool = False) -> None:
-        self.recall_first = recall_first
-        self.outcomes: list[tuple[str, bool]] = []
-        self.held = {b.name: 0 for b in BACKENDS}
-        self.released = asyncio.Event()
-
-    @property
-    def backends(self) -> Sequence[Backend]:
-        return BACKENDS
-
-    async def settle(self, request: RequestInfo) -> int:
-        return 0
-
-    def choose(self, request: RequestInfo) -> Target:
-        left = [b for b in BACKENDS if b.name not in request.exclude]
-        if not left:
-            raise NoBackendAvailable("none left")
-        backend = BACKENDS[1] if request.recalled else left[0]
-        recall = None
-        if self.recall_first and not request.recalled:
-            recall = asyncio.Event()
-            recall.set()
-        return Target("g0", backend.pool, backend, "test", recall=recall)
-
-    def acquire(self, target: Target) -> None:
-        self.held[target.backend.name] += 1
-
-    def release(self, target: Target) -> None:
-        self.held[target.backend.name] -= 1
-        self.released.set()
-
-    def record_outcome(self, backend: str, ok: bool, error: str | None = None) -> None:
-        self.outcomes.append((backend, ok))
-
-    def healthy(self, backend: str) -> bool:
-        return True
-
-    def inflight(self, backend: str) -> int:
-        return self.held[backend]
-
-    def details(self) -> dict[str, Any]:
-        return {}
-
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
         pass
 
 
