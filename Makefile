@@ -31,8 +31,11 @@ redis:
 		exit 1; \
 	fi
 
+# The whole suite against the simulator speaking SGLang 0.5.23 (its default), then the
+# integration suite again against 0.5.10: the router meets both releases.
 test: $(STAMP) redis
 	$(VENV)/bin/pytest -q
+	SPECROUTER_SIM_SGLANG_VERSION=0.5.10 $(VENV)/bin/pytest -q tests/integration
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specrouter tests loadtest

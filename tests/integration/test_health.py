@@ -66,8 +66,8 @@ def test_slow_health_checks_on_the_baseline_send_its_group_to_eagle(
 ) -> None:
     c = cluster(policy={"mode": "baseline"})
     client = _client(c)
-    # Longer than the router's health timeout (0.5 s in these tests).
-    c.sim("gpu1").control("baseline", slow_health_ms=1500)
+    # Longer than the router's health timeouts in these tests (/ready 0.5 s, /health 2 s).
+    c.sim("gpu1").control("baseline", slow_health_ms=3000)
     info = c.wait_backend("gpu1-baseline", "unhealthy", lambda b: not b["healthy"], 20.0)
     assert "no answer" in (info["last_error"] or "")
     for backend, pool, reason in _decisions_for(client, "gpu1"):
