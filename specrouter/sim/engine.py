@@ -392,7 +392,8 @@ class Engine:
             req.state = "prefill"
             self.prefilling.append(req)
             reserved += req.kv_reserve
-            self.counters.admitted += 1
+            if req.counted:
+                self.counters.admitted += 1
 
     def _plan_prefill(self) -> tuple[list[tuple[SimRequest, int]], float]:
         budget = self.profile.chunked_prefill_size
