@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import BinaryIO
 
+from tests.drills.wiretap import serve_in_thread
+
 HEALTHY = b'{"status":"ok"}'
 CHUNK = b"a" * 65536
 
@@ -110,10 +112,7 @@ class HostileBackend:
                 except (TimeoutError, BrokenPipeError, ConnectionResetError):
                     backend.cut.set()
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_in_thread(Handler)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

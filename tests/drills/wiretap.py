@@ -15,6 +15,17 @@ from types import TracebackType
 BODY = b'{"object":"wiretap","ok":true}'
 
 
+def serve_in_thread(
+    handler: type[socketserver.BaseRequestHandler],
+) -> socketserver.ThreadingTCPServer:
+    """A threaded TCP server on a free loopback port, serving in a daemon thread."""
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
 @dataclass
 class Recorded:
     head: bytes
@@ -66,10 +77,7 @@ class Wiretap:
                                      b"content-length: %d\r\n\r\n" % len(BODY) + BODY)
                     self.wfile.flush()
 
-        socketserver.ThreadingTCPServer.allow_reuse_address = True
-        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.server = serve_in_thread(Handler)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
