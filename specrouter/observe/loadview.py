@@ -62,6 +62,11 @@ class EngineSample:
     accept_window: tuple[float, ...] | None = None
     snapshot_age: float | None = None
     accept_lifetime: float | None = None
+    # SGLang's `gen_throughput` (tokens/s, summed over DP ranks): the tokens of its last
+    # 40 decode batches over the wall time since the decode log before them, so prefill
+    # batches and the other engine's GPU time slices in between are in it. Equal values
+    # are the same window. None: the source does not carry it.
+    gen_throughput: float | None = None
 
     @property
     def total(self) -> int:

@@ -5,13 +5,15 @@ Shapes read from SGLang's sources (0.5.10 and 0.5.23; docs/policy.md section 7 h
   "num_accelerators", "loads":[{"dp_rank","timestamp" (float, server clock when the
   snapshot was built),"num_running_reqs","num_waiting_reqs",...,"speculative":{...}}]};
   0.5.10 {"timestamp","version","dp_rank_count","loads":[...],"aggregate":{...}}, no
-  per-rank timestamp. `speculative.accept_length` is a LIFETIME mean in both.
+  per-rank timestamp. `speculative.accept_length` is a LIFETIME mean in both. Each rank's
+  `gen_throughput` is the scheduler's `last_gen_throughput` of its latest decode log.
   0.5.23 answers "loads": [] when its snapshot reader is not attached: no data.
 - GET /get_load (0.5.3 to 0.5.10): [{"dp_rank","num_reqs","num_waiting_reqs","num_tokens"}]
   where num_reqs = running + waiting
 - GET /metrics (--enable-metrics): gauges sglang:num_running_reqs, sglang:num_queue_reqs,
   sglang:spec_accept_length (mean of the last 40 decode batches: the only windowed accept
-  length SGLang exposes), one series per tp/pp/moe_ep/dp rank; with priority scheduling
+  length SGLang exposes), sglang:gen_throughput (set at the same decode log, every 40
+  decode batches), one series per tp/pp/moe_ep/dp rank; with priority scheduling
   the total under priority="" plus one series per priority
 - GET /server_info: internal_states[].avg_spec_accept_length, a lifetime mean
 
@@ -78,6 +80,7 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
     max_running: int | None = None
     lifetime: list[float] = []
     taken: list[float | None] = []
+    throughput: list[float] = []
     for i, load in enumerate(payload["loads"]):
         if not isinstance(load, dict):
             raise TelemetryParseError(f"/v1/loads: loads[{i}] is not an object")
@@ -90,11 +93,15 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
         accept = _number(spec.get("accept_length")) if isinstance(spec, dict) else None
         if accept is not None:
             lifetime.append(accept)
+        rate = _number(load.get("gen_throughput"))
+        if rate is not None:
+            throughput.append(rate)
     ts = payload.get("timestamp")
     return EngineSample(running, waiting, received_at, None, "v1_loads", max_running,
                         ts if isinstance(ts, str) else None,
                         snapshot_age=snapshot_age(ts, taken),
-                        accept_lifetime=_accept_mean(lifetime))
+                        accept_lifetime=_accept_mean(lifetime),
+                        gen_throughput=sum(throughput) if throughput else None)
 
 
 def snapshot_age(answered: Any, taken: Sequence[float | None]) -> float | None:
@@ -129,7 +136,8 @@ def parse_get_load(payload: Any, received_at: float) -> EngineSample:
 
 #: Ranks of one batch: every tp/pp/moe_ep copy reports the same count (DP ranks add up).
 _RANK_COPIES = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
-_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:spec_accept_length")
+_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:spec_accept_length",
+           "sglang:gen_throughput")
 
 _SeriesKey = tuple[tuple[str, str], ...]
 
@@ -163,13 +171,14 @@ def parse_metrics(text: str, received_at: float) -> EngineSample:
     accept length (mean over DP ranks) with the window's identity (the gauge changes only
     when SGLang folds in 40 new decode batches)."""
     gauges = _metric_gauges(text)
-    running, queued, accept = (gauges[name] for name in _GAUGES)
+    running, queued, accept, rate = (gauges[name] for name in _GAUGES)
     if not running:
         raise TelemetryParseError("/metrics: no sglang:num_running_reqs gauge")
     window = tuple(v for _, v in sorted(accept.items()))
     mean = _accept_mean(list(window))
     return EngineSample(int(sum(running.values())), int(sum(queued.values())), received_at,
-                        mean, "metrics", accept_window=window or None)
+                        mean, "metrics", accept_window=window or None,
+                        gen_throughput=sum(rate.values()) if rate else None)
 
 
 def parse_server_info_accept(payload: Any) -> float | None:

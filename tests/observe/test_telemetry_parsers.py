@@ -48,6 +48,7 @@ def test_v1_loads_sums_ranks_and_keeps_the_lifetime_accept_apart() -> None:
     assert s.accept_length is None and s.accept_window is None
     assert s.accept_lifetime == pytest.approx(3.0)
     assert s.snapshot_age is None  # 0.5.10 answers live and carries no rank timestamp
+    assert s.gen_throughput == pytest.approx(2 * 812.5)  # DP ranks decode apart: summed
 
 
 def v1_loads_0_5_23(answered: str, taken: list[float]) -> dict[str, object]:
@@ -135,6 +136,21 @@ def test_metrics_text() -> None:
     assert s.accept_length == pytest.approx(2.7) and s.accept_window == (2.7, 2.7)
     s = parse_metrics(sglang_metrics_text([3], [0], None), 3.0)
     assert (s.running, s.waiting, s.accept_length, s.accept_window) == (3, 0, None, None)
+    assert s.gen_throughput is None  # no gauge: not a zero throughput
+
+
+def test_metrics_gen_throughput_per_batch_summed_over_dp_ranks() -> None:
+    reg = CollectorRegistry()
+    labels = ["model_name", "engine_type", "tp_rank", "dp_rank"]
+    run = Gauge("sglang:num_running_reqs", "The number of running requests.", labels,
+                registry=reg)
+    rate = Gauge("sglang:gen_throughput", "The generation throughput (token/s).", labels,
+                 registry=reg)
+    for tp, dp, r, tok_s in (("0", "0", 4, 300.0), ("1", "0", 4, 300.0), ("0", "1", 2, 120.0)):
+        run.labels("llama", "unified", tp, dp).set(r)
+        rate.labels("llama", "unified", tp, dp).set(tok_s)
+    s = parse_metrics(generate_latest(reg).decode(), 1.0)
+    assert s.running == 6 and s.gen_throughput == pytest.approx(420.0)
 
 
 SCHEDULER_LABELS = 'model_name="llama",engine_type="unified"'
