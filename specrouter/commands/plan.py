@@ -1,20 +1,24 @@
-"""`specrouter plan`: --mem-fraction-static for an EAGLE-3 + baseline pair on one GPU.
+"""`specrouter plan`: memory flags for an EAGLE-3 + baseline pair on one GPU.
 
 The arithmetic lives in `specrouter.commands.memplan` (pure, unit-tested); this module turns flags
-into a `PlanInput`, prints the plan and the exact SGLang flags of both servers. The flag
-builder is shared with `specrouter launch-pair`, so what is printed is what is launched.
+into a `PlanInput`, prints the plan and the exact SGLang flags of both servers: the fraction,
+the pool cap (`--max-total-tokens`) and the workspace flags the headroom is derived from.
+The flag builder is shared with `specrouter launch-pair`, so what is printed is what is
+launched.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any
 
 from specrouter.commands.memplan import (
     GIB,
     PRESETS,
+    SGLANG_VERSIONS,
     ModelShape,
     Plan,
     PlanError,
@@ -22,7 +26,9 @@ from specrouter.commands.memplan import (
     Role,
     ServerPlan,
     ServerWant,
+    Workspace,
     plan_pair,
+    sglang_reserve_gib,
 )
 
 
@@ -33,10 +39,19 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                      help="free memory of the idle GPU in GiB (nvidia-smi's free / 1024)")
     mem.add_argument("--model-gib", type=float, required=True, help="target weights, GiB")
     mem.add_argument("--draft-gib", type=float, required=True, help="EAGLE-3 draft weights, GiB")
-    mem.add_argument("--headroom-gib", type=float, default=6.0,
-                     help="activations + CUDA graphs per server, GiB (default 6)")
+    mem.add_argument("--headroom-gib", type=float,
+                     help="activations + CUDA graphs per server, GiB (default: SGLang's own "
+                          "reserve for the pinned workspace flags)")
     mem.add_argument("--eagle-headroom-gib", type=float, help="override for the EAGLE server")
     mem.add_argument("--baseline-headroom-gib", type=float, help="override for the baseline")
+    mem.add_argument("--sglang-version", choices=SGLANG_VERSIONS, default="0.5.23",
+                     help="SGLang's reserve rule and flag names to follow (default 0.5.23)")
+    mem.add_argument("--chunked-prefill-size", type=int, default=8192,
+                     help="pinned on both servers; bounds prefill activations (default 8192)")
+    mem.add_argument("--eagle-cuda-graph-max-bs", type=int,
+                     help="decode CUDA graph batch size, EAGLE (default: its max running)")
+    mem.add_argument("--baseline-cuda-graph-max-bs", type=int,
+                     help="decode CUDA graph batch size, baseline (default: its max running)")
     mem.add_argument("--cuda-context-gib", type=float, default=0.52,
                      help="CUDA context of each process (0.516 GiB measured on an H200)")
     mem.add_argument("--eagle-kv-tokens", type=int, required=True,
@@ -66,6 +81,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--speculative-num-draft-tokens", type=int, default=8)
     srv.add_argument("--eagle-max-running-requests", type=int, default=48)
     srv.add_argument("--baseline-max-running-requests", type=int, default=256)
+    srv.add_argument("--eagle-extra-args", default="",
+                     help="more SGLang flags for the EAGLE server, one shell-quoted string "
+                          "(split like a shell does, no templating)")
+    srv.add_argument("--baseline-extra-args", default="", help="same, baseline server")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,37 +96,70 @@ def plan_input_from_args(args: argparse.Namespace) -> PlanInput:
     """Flags -> PlanInput; raises PlanError on a missing or contradictory shape."""
     _check_inputs(args)
     target_bpt, draft_bpt = _bytes_per_token(args)
-    headroom = args.headroom_gib
+    headroom = {role: _headroom(args, role) for role in ("eagle", "baseline")}
     return PlanInput(
         gpu_free_gib=args.gpu_mem_gib,
-        eagle=ServerWant("eagle", args.model_gib + args.draft_gib, target_bpt + draft_bpt,
-                         args.eagle_kv_tokens, _pick(args.eagle_headroom_gib, headroom)),
+        eagle=ServerWant("eagle", args.model_gib, target_bpt + draft_bpt, args.eagle_kv_tokens,
+                         headroom["eagle"], draft_gib=args.draft_gib),
         baseline=ServerWant("baseline", args.model_gib, target_bpt, args.baseline_kv_tokens,
-                            _pick(args.baseline_headroom_gib, headroom)),
+                            headroom["baseline"]),
         first=args.first,
         cuda_context_gib=args.cuda_context_gib,
     )
 
 
+def workspace(args: argparse.Namespace, role: Role) -> Workspace:
+    """The pinned workspace flags of one server; the graph batch defaults to its running cap
+    (SGLang caps its own default there too)."""
+    max_bs = getattr(args, f"{role}_cuda_graph_max_bs")
+    if max_bs is None:
+        max_bs = getattr(args, f"{role}_max_running_requests")
+    return Workspace(chunked_prefill_size=args.chunked_prefill_size, cuda_graph_max_bs=max_bs)
+
+
+def _headroom(args: argparse.Namespace, role: Role) -> float:
+    explicit = _pick(getattr(args, f"{role}_headroom_gib"), args.headroom_gib)
+    if explicit is not None:
+        return float(explicit)
+    return sglang_reserve_gib(args.gpu_mem_gib, workspace(args, role),
+                              speculative=role == "eagle", version=args.sglang_version)
+
+
 def _check_inputs(args: argparse.Namespace) -> None:
     """Nonsense sizes would give a plausible-looking but meaningless plan: refuse them."""
     positive = {"--gpu-mem-gib": args.gpu_mem_gib, "--model-gib": args.model_gib,
-                "--eagle-kv-tokens": args.eagle_kv_tokens}
+                "--eagle-kv-tokens": args.eagle_kv_tokens,
+                "--chunked-prefill-size": args.chunked_prefill_size,
+                "--eagle-max-running-requests": args.eagle_max_running_requests,
+                "--baseline-max-running-requests": args.baseline_max_running_requests}
     non_negative = {"--draft-gib": args.draft_gib, "--headroom-gib": args.headroom_gib,
                     "--eagle-headroom-gib": args.eagle_headroom_gib,
                     "--baseline-headroom-gib": args.baseline_headroom_gib,
                     "--cuda-context-gib": args.cuda_context_gib,
-                    "--baseline-kv-tokens": args.baseline_kv_tokens}
+                    "--baseline-kv-tokens": args.baseline_kv_tokens,
+                    "--eagle-cuda-graph-max-bs": args.eagle_cuda_graph_max_bs,
+                    "--baseline-cuda-graph-max-bs": args.baseline_cuda_graph_max_bs}
     for flag, value in positive.items():
         if value <= 0:
             raise PlanError(f"{flag} must be > 0, got {value}")
     for flag, value in non_negative.items():
         if value is not None and value < 0:
             raise PlanError(f"{flag} must be >= 0, got {value}")
+    for role in ("eagle", "baseline"):
+        extra_args(args, role)  # an unbalanced quote is refused before anything starts
 
 
-def _pick(value: float | None, default: float) -> float:
+def _pick(value: float | None, default: float | None) -> float | None:
     return default if value is None else value
+
+
+def extra_args(args: argparse.Namespace, role: Role) -> list[str]:
+    """`--{role}-extra-args`, split like a shell splits it; braces and all are literal."""
+    text = getattr(args, f"{role}_extra_args", "") or ""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise PlanError(f"--{role}-extra-args {text!r}: {exc}") from None
 
 
 def _bytes_per_token(args: argparse.Namespace) -> tuple[int, int]:
@@ -145,11 +197,17 @@ def server_args(plan: Plan, role: Role, args: argparse.Namespace) -> list[str]:
     """SGLang `launch_server` arguments for one server of the pair (no program name)."""
     server = plan.by_role(role)
     port = args.eagle_port if role == "eagle" else args.baseline_port
+    space = workspace(args, role)
+    graph_flag = ("--cuda-graph-max-bs-decode" if args.sglang_version == "0.5.23"
+                  else "--cuda-graph-max-bs")
     argv = [
         "--model-path", args.model_path,
         "--host", args.host,
         "--port", str(port),
         "--mem-fraction-static", f"{server.mem_fraction_static}",
+        "--max-total-tokens", str(server.max_total_tokens),
+        "--chunked-prefill-size", str(space.chunked_prefill_size),
+        graph_flag, str(space.cuda_graph_max_bs),
         "--enable-metrics",
     ]
     if role == "eagle":
@@ -163,14 +221,14 @@ def server_args(plan: Plan, role: Role, args: argparse.Namespace) -> list[str]:
         ]
     else:
         argv += ["--max-running-requests", str(args.baseline_max_running_requests)]
-    return argv
+    return argv + extra_args(args, role)
 
 
 def render_text(plan: Plan, args: argparse.Namespace) -> str:
     lines = [f"GPU free before either server: {plan.gpu_free_gib:.2f} GiB"]
     for server in plan.servers:
         lines += _describe(server)
-    lines.append(f"left unused once both run with their headroom: {plan.unused_gib:.2f} GiB")
+    lines.append(f"left unused with both at their peaks: {plan.unused_gib:.2f} GiB")
     lines += [f"note: {n}" for n in plan.notes]
     for server in plan.servers:
         flags = " \\\n    ".join(_pairs(server_args(plan, server.role, args)))
@@ -180,12 +238,15 @@ def render_text(plan: Plan, args: argparse.Namespace) -> str:
 
 
 def _describe(server: ServerPlan) -> list[str]:
+    draft = f" + draft {server.draft_gib:.2f}" if server.draft_gib else ""
     return [
         f"{server.order}. {server.role}: --mem-fraction-static {server.mem_fraction_static}"
-        f"  (free at start {server.free_at_start_gib:.2f} GiB)",
-        f"   weights {server.weights_gib:.2f} GiB + KV pool {server.kv_pool_gib:.2f} GiB"
-        f" = {server.kv_tokens} tokens; left free for activations/graphs"
-        f" {server.reserved_gib:.2f} GiB (headroom wanted {server.headroom_gib:.2f})",
+        f" --max-total-tokens {server.max_total_tokens}"
+        f"  (free at start >= {server.free_at_start_gib:.2f} GiB)",
+        f"   KV capacity {server.max_total_tokens} tokens, which is also its prefix-cache "
+        f"capacity ({server.kv_pool_gib:.2f} GiB)",
+        f"   weights {server.weights_gib:.2f}{draft} + KV {server.kv_pool_gib:.2f}"
+        f" + headroom {server.headroom_gib:.2f} + CUDA context = peak {server.peak_gib:.2f} GiB",
     ]
 
 
