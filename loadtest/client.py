@@ -15,6 +15,7 @@ import asyncio
 import json
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -135,9 +136,11 @@ class ConnectionPool:
 class _Stream:
     """Accumulates the SSE events of one response into a RequestResult."""
 
-    def __init__(self, result: RequestResult, t0: float) -> None:
+    def __init__(self, result: RequestResult, t0: float,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.result = result
         self.t0 = t0
+        self.on_event = on_event
         self.last_chunk: float | None = None
         self.usage_tokens: int | None = None
         self.done = False
@@ -163,6 +166,8 @@ class _Stream:
         except ValueError:
             self.result.error = "bad SSE JSON"
             return
+        if self.on_event is not None:
+            self.on_event(payload)
         if "error" in payload:
             err = payload["error"]
             self.result.error = str(err.get("message", err) if isinstance(err, dict) else err)
@@ -200,11 +205,14 @@ _NETWORK_ERRORS = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunErr
 
 
 async def stream_request(pool: ConnectionPool, path: str, body: bytes, result: RequestResult,
-                         headers: dict[str, str] | None = None) -> RequestResult:
-    """Send one streaming request and fill `result`; never raises on HTTP/IO errors."""
+                         headers: dict[str, str] | None = None,
+                         on_event: Callable[[dict[str, Any]], None] | None = None,
+                         ) -> RequestResult:
+    """Send one streaming request and fill `result`; never raises on HTTP/IO errors.
+    `on_event` sees every parsed SSE payload (e.g. to keep the answer's text)."""
     head = pool.request_head(path, len(body), headers or {})
     t0 = time.perf_counter()
-    state = _Stream(result, t0)
+    state = _Stream(result, t0, on_event)
     conn: Connection | None = None
     try:
         conn = await pool.acquire()

@@ -148,6 +148,16 @@ class SimGroup:
 
 
 @dataclass
+class SimEngine:
+    """One simulated engine that has its GPU to itself."""
+
+    group: str
+    kind: str
+    url: str
+    child: Child
+
+
+@dataclass
 class RouterProc:
     url: str
     child: Child
@@ -185,6 +195,24 @@ class Stack:
         child.wait_http(f"{sim.baseline_url}/v1/models")
         return sim
 
+    def sim_groups(self, count: int, profile: str, time_scale: float, seed: int = 7,
+                   extra_args: Sequence[str] = ()) -> list[SimGroup]:
+        """`count` simulated GPU groups, gpu0, gpu1, ... (each its own process and GPU)."""
+        return [self.sim_group(f"gpu{i}", profile, time_scale, seed, extra_args)
+                for i in range(count)]
+
+    def sim_single(self, name: str, kind: str, profile: str, time_scale: float,
+                   seed: int = 7, extra_args: Sequence[str] = ()) -> SimEngine:
+        """One simulated engine alone on its GPU (`specrouter sim --single KIND`)."""
+        port = free_port()
+        child = self.start(Child(f"sim {name}", specrouter_argv(
+            "sim", "--group", name, "--single", kind, "--port", str(port),
+            "--profile", profile, "--time-scale", repr(time_scale), "--seed", str(seed),
+            "--host", "127.0.0.1", *extra_args)))
+        engine = SimEngine(name, kind, f"http://127.0.0.1:{port}", child)
+        child.wait_http(f"{engine.url}/v1/models")
+        return engine
+
     def stop(self, child: Child) -> None:
         """Stop one child before the others (e.g. a router between two sweeps)."""
         child.stop()
@@ -206,6 +234,19 @@ def served_model(base_url: str) -> str:
     """The first model id a server lists (what requests must name)."""
     data = httpx.get(f"{base_url}/v1/models", timeout=10.0).json()
     return str(data["data"][0]["id"])
+
+
+def sim_options() -> str:
+    """`specrouter sim --help` (which flags and engine kinds this simulator has)."""
+    done = subprocess.run(specrouter_argv("sim", "--help"), capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=60)
+    return done.stdout
+
+
+def sim_state(base_url: str) -> dict[str, Any]:
+    """GET /sim/state of one simulated engine (its counters)."""
+    data: dict[str, Any] = httpx.get(f"{base_url}/sim/state", timeout=10.0).json()
+    return data
 
 
 def sim_control(base_url: str, fields: dict[str, Any]) -> None:

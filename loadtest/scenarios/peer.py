@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,15 @@ def peer_version() -> str:
         return "not installed"
 
 
-def start_sglang_router(stack: Stack, engine_url: str) -> tuple[str, int]:
+def start_sglang_router(stack: Stack, engine_url: str | Sequence[str],
+                        policy: str = "round_robin") -> tuple[str, int]:
+    """The gateway in front of one worker or several (`--policy round_robin`,
+    `cache_aware`, ...)."""
+    urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
     port = free_port()
     child = stack.start(Child("sglang-router", [
         sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-        "--port", str(port), "--worker-urls", engine_url, "--policy", "round_robin",
+        "--port", str(port), "--worker-urls", *urls, "--policy", policy,
         "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
         "--log-level", "warn"]))
     url = f"http://127.0.0.1:{port}"

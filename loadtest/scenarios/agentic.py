@@ -1,0 +1,320 @@
+"""`agentic`: multi-turn agent sessions on two GPU groups, every way of serving them.
+
+Each (profile, session arrival rate, config) gets fresh processes and plays the same
+sessions (`loadtest/agentic.py`, same seed): sessions arrive open loop, each is closed
+loop inside. Configs, all on the same two simulated GPUs:
+
+- `eagle`, `baseline`: the two EAGLE-3 (or baseline) servers only, each session pinned
+  to one of them by its index (a static pool behind a sticky balancer: it never moves a
+  session, so its cached-token share is the reference for "never moves a session").
+- `router-noaffinity`, `router`: specrouter in front of the four servers, without and
+  with prefix/session affinity.
+- `sglang-cache_aware`, `sglang-round_robin`: SGLang's model gateway (`sglang-router`)
+  in front of the same four servers.
+- `adaptive`: one engine per GPU with in-engine adaptive speculation (one cache, both
+  pools' memory), each session pinned to one of them.
+
+Per run: goodput under the profile's SLO (output tokens/s of turns meeting TTFT and
+TPOT), cached-token share (usage.prompt_tokens_details.cached_tokens / prompt_tokens),
+prefill tokens computed (the engines' /sim/state), TTFT p50/p99, and how often a session
+changed server between turns (from x-specrouter-backend or the pinned target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtest.agentic import (
+    AgenticShape,
+    Player,
+    TurnResult,
+    describe,
+    make_sessions,
+    system_prompt,
+)
+from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
+from loadtest.procs import Stack, served_model, sim_options, sim_state
+from loadtest.scenarios import peer
+from loadtest.scenarios.common import CpuWatch, run_async, saturated
+from loadtest.scenarios.sweep import router_env
+
+CONFIGS = ("eagle", "baseline", "router-noaffinity", "router", "sglang-cache_aware",
+           "sglang-round_robin", "adaptive")
+STATIC = ("eagle", "baseline")
+PROFILES = ("seed-coding", "h200-llama3-8b")
+GROUPS = 2
+
+# Done-when ratios of the issue.
+TARGET_VS_STATIC = 1.2
+TARGET_VS_CACHE_AWARE = 1.1
+TARGET_VS_ADAPTIVE = 1.0
+CACHED_SHARE_POINTS = 5.0
+
+# The router's settings per config on top of the goodput strategy with the profile's cost
+# model (no calibration needed): affinity on or off.
+ROUTER_AFFINITY_ENV: dict[str, dict[str, str]] = {
+    "router-noaffinity": {},
+    "router": {},
+}
+# Simulator flags every engine gets when this simulator has them.
+SIM_FLAGS = ("--enable-cache-report",)
+ADAPTIVE_KIND = "adaptive"
+
+
+@dataclass
+class AgenticSettings:
+    profiles: list[str] = field(default_factory=lambda: list(PROFILES))
+    # session arrival rates (sessions per simulated second), light to saturating
+    rates: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5])
+    window_s: float = 40.0  # sessions arrive within this many simulated seconds
+    configs: list[str] = field(default_factory=lambda: list(CONFIGS))
+    profile_time_scales: dict[str, float] = field(default_factory=dict)
+    time_scale: float = 0.1
+    token_factor: float = 1.0  # every token size of the workload times this (quick runs)
+    seed: int = 7
+    # SLO per profile: (TTFT s, TPOT s), simulated seconds
+    slo: dict[str, tuple[float, float]] = field(default_factory=lambda: {
+        "seed-coding": (3.0, 0.05), "h200-llama3-8b": (2.0, 0.02)})
+    slo_note: str = ""
+    out_dir: str | None = None
+
+    def scale_of(self, profile: str) -> float:
+        return self.profile_time_scales.get(profile, self.time_scale)
+
+    def shape(self) -> AgenticShape:
+        base = AgenticShape()
+        return base if self.token_factor == 1.0 else base.scaled(self.token_factor)
+
+
+# --- pure arithmetic: goodput, cached share, moves, verdict -----------------------------------
+
+def cached_share(turns: Sequence[TurnResult]) -> float | None:
+    """Cached prompt tokens / prompt tokens over the completed turns; None when the
+    servers reported no cached tokens at all."""
+    done = [t for t in turns if t.request.ok]
+    if not any(t.cached_reported for t in done):
+        return None
+    prompt = sum(t.request.prompt_tokens for t in done)
+    return sum(t.cached_tokens for t in done) / prompt if prompt else None
+
+
+def session_moves(turns: Sequence[TurnResult]) -> dict[str, Any]:
+    """Turns sent to a different server than the session's previous turn."""
+    by_session: dict[int, list[TurnResult]] = {}
+    for t in turns:
+        by_session.setdefault(t.session, []).append(t)
+    moves = known = 0
+    for session_turns in by_session.values():
+        ordered = sorted(session_turns, key=lambda t: t.turn)
+        servers = [t.request.backend or t.target for t in ordered]
+        for before, after in itertools.pairwise(servers):
+            if before and after:
+                known += 1
+                moves += before != after
+    return {"moves": moves, "compared": known,
+            "share": moves / known if known else None}
+
+
+def level_summary(turns: Sequence[TurnResult], slo: SLO, time_scale: float
+                  ) -> dict[str, Any]:
+    requests: list[RequestResult] = [t.request for t in turns]
+    out = summarize(requests, time_scale=time_scale, slo=slo)
+    out["cached_share"] = cached_share(turns)
+    out["cached_tokens"] = sum(t.cached_tokens for t in turns if t.request.ok)
+    out["prompt_tokens"] = sum(t.request.prompt_tokens for t in turns if t.request.ok)
+    out["session_moves"] = session_moves(turns)
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def verdict(level: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The done-when checks of one level from each config's summary: goodput of `router`
+    against the best static pool, sglang-router cache_aware and the adaptive engine, and
+    its cached-token share against the pinned static pools (sessions never move)."""
+    goodput = {c: v["goodput_tok_s"] for c, v in level.items()
+               if v.get("goodput_tok_s") is not None}
+    static = {c: goodput[c] for c in STATIC if c in goodput}
+    best = max(static, key=lambda c: static[c]) if static else None
+    router = goodput.get("router")
+    out: dict[str, Any] = {"best_static": best}
+    checks = [("vs_best_static", static.get(best) if best else None, TARGET_VS_STATIC),
+              ("vs_cache_aware", goodput.get("sglang-cache_aware"), TARGET_VS_CACHE_AWARE),
+              ("vs_adaptive", goodput.get("adaptive"), TARGET_VS_ADAPTIVE)]
+    for name, other, target in checks:
+        ratio = _ratio(router, other)
+        out[name] = {"ratio": ratio, "target": target,
+                     "met": None if ratio is None else ratio >= target}
+    pinned = [level[c]["cached_share"] for c in STATIC
+              if c in level and level[c].get("cached_share") is not None]
+    share = level.get("router", {}).get("cached_share")
+    reference = max(pinned) if pinned else None
+    gap = None if share is None or reference is None else (reference - share) * 100.0
+    out["cached_share"] = {"router": share, "never_moves": reference, "gap_points": gap,
+                           "target_points": CACHED_SHARE_POINTS,
+                           "met": None if gap is None else gap <= CACHED_SHARE_POINTS}
+    return out
+
+
+# --- running one config -------------------------------------------------------------------------
+
+def _engine_counters(urls: Sequence[str]) -> dict[str, Any]:
+    """Prefill and cache counters summed over the engines (None where not reported)."""
+    keys = ("prefill_tokens", "prompt_tokens", "cached_tokens", "generated_tokens",
+            "gpu_busy_sim_s")
+    states = []
+    for url in urls:
+        try:
+            states.append(sim_state(url))
+        except (httpx.HTTPError, ValueError):  # a dead engine: its counters are unknown
+            states.append({})
+    out: dict[str, Any] = {}
+    for key in keys:
+        values = [s.get(key) for s in states]
+        out[key] = (sum(float(v) for v in values if v is not None)
+                    if any(v is not None for v in values) else None)
+    return out
+
+
+def _sim_args(options: str) -> list[str]:
+    return [flag for flag in SIM_FLAGS if flag in options]
+
+
+def run_config(config: str, profile: str, rate: float, s: AgenticSettings,
+               options: str, log: Callable[[str], None]) -> dict[str, Any]:
+    scale = s.scale_of(profile)
+    shape = s.shape()
+    sessions = make_sessions(shape, s.seed, rate, s.window_s)
+    ttft, tpot = s.slo[profile]
+    slo = SLO(ttft, tpot)
+    extra = _sim_args(options)
+    env: dict[str, str] = {}
+    with Stack() as stack:
+        pids: dict[str, int] = {}
+        if config == "adaptive":
+            if f"{{{ADAPTIVE_KIND}" not in options and f",{ADAPTIVE_KIND}" not in options:
+                return {"error": "this simulator has no adaptive engine kind"}
+            engines = [stack.sim_single(f"gpu{i}", ADAPTIVE_KIND, profile, scale, s.seed,
+                                        extra) for i in range(GROUPS)]
+            engine_urls = [e.url for e in engines]
+            pids.update({f"sim{i}": e.child.pid for i, e in enumerate(engines)})
+            targets = engine_urls
+        else:
+            groups = stack.sim_groups(GROUPS, profile, scale, s.seed, extra)
+            pids.update({f"sim{i}": g.child.pid for i, g in enumerate(groups)})
+            engine_urls = [u for g in groups for u in (g.eagle_url, g.baseline_url)]
+            if config in STATIC:
+                targets = [getattr(g, f"{config}_url") for g in groups]
+            elif config.startswith("router"):
+                env = {**router_env({}, "router-goodput", scale, profile),
+                       **ROUTER_AFFINITY_ENV[config]}
+                router = stack.router([b for g in groups for b in g.backends()], env=env)
+                pids["router"] = router.child.pid
+                targets = [router.url]
+            elif config.startswith("sglang-"):
+                if not peer.peer_available():
+                    return {"error": "sglang-router not installed (pip install '.[bench]')"}
+                url, pid = peer.start_sglang_router(stack, engine_urls,
+                                                    config.split("-", 1)[1])
+                pids["sglang-router"] = pid
+                targets = [url]
+            else:
+                raise ValueError(f"unknown agentic config {config!r}")
+        model = served_model(engine_urls[0])
+        player = Player(targets, model, system_prompt(shape, s.seed), scale)
+        watch = CpuWatch(pids)
+        started = time.perf_counter()
+
+        async def play() -> list[TurnResult]:
+            try:
+                return await player.play(sessions)
+            finally:
+                player.close()
+
+        turns = run_async(play())
+        wall = time.perf_counter() - started
+        shares = watch.shares()
+        counters = _engine_counters(engine_urls)
+    out = level_summary(turns, slo, scale)
+    out.update(engines=counters, cpu_cores=shares, saturated=saturated(shares),
+               wall_s=round(wall, 1), unsent_turns=player.unsent_turns,
+               sessions=describe(sessions))
+    if env:
+        out["env"] = {k: v for k, v in env.items() if k != "SPECROUTER_POLICY"}
+        out["policy"] = json.loads(env["SPECROUTER_POLICY"])
+    if s.out_dir:
+        Path(s.out_dir).mkdir(parents=True, exist_ok=True)
+        write_tagged_csv(
+            Path(s.out_dir) / f"agentic-{profile}-{rate:g}-{config}.csv",
+            [({"session": t.session, "turn": t.turn, "cached_tokens": t.cached_tokens},
+              t.request) for t in turns])
+    return out
+
+
+def run_agentic(s: AgenticSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    options = sim_options()
+    result: dict[str, Any] = {
+        "scenario": "agentic", "settings": asdict(s), "shape": asdict(s.shape()),
+        "sim_flags": _sim_args(options), "profiles": {}}
+    for profile in s.profiles:
+        levels: list[dict[str, Any]] = []
+        for rate in s.rates:
+            configs: dict[str, Any] = {}
+            for config in s.configs:
+                try:
+                    configs[config] = run_config(config, profile, rate, s, options, log)
+                except RuntimeError as exc:
+                    configs[config] = {"error": str(exc)[-2000:]}
+                v = configs[config]
+                if "error" in v:
+                    log(f"  agentic {profile} {rate:g}/s {config}: {v['error'][:200]}")
+                    continue
+                share = v["cached_share"]
+                log(f"  agentic {profile} {rate:g}/s {config:19s} goodput "
+                    f"{v['goodput_tok_s']:8.1f} tok/s  out {v['output_tok_s']:8.1f}  "
+                    f"SLO {v['slo_met']}/{v['requests']}  ttft p50 {v['ttft']['p50']:.2f} "
+                    f"p99 {v['ttft']['p99']:.2f}  cached "
+                    f"{'-' if share is None else f'{share:.2f}'}  prefill "
+                    f"{v['engines']['prefill_tokens']}  wall {v['wall_s']} s  "
+                    f"cpu {v['cpu_cores']}")
+            ok = {c: v for c, v in configs.items() if "error" not in v}
+            levels.append({"rate": rate, "configs": configs, "verdict": verdict(ok)})
+        result["profiles"][profile] = levels
+    if s.out_dir:
+        write_json(Path(s.out_dir) / "agentic.json", result)
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profiles", default=",".join(PROFILES))
+    parser.add_argument("--rates", default="0.1,0.25,0.5",
+                        help="session arrival rates, sessions per simulated second")
+    parser.add_argument("--window", type=float, default=40.0,
+                        help="simulated seconds over which sessions arrive")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--token-factor", type=float, default=1.0)
+
+
+def settings_from_args(args: argparse.Namespace) -> AgenticSettings:
+    return AgenticSettings(
+        profiles=[p for p in args.profiles.split(",") if p],
+        rates=[float(r) for r in args.rates.split(",") if r], window_s=args.window,
+        configs=[c for c in args.configs.split(",") if c], time_scale=args.time_scale,
+        token_factor=args.token_factor, seed=args.seed, out_dir=args.out)
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    return run_agentic(settings_from_args(args))
