@@ -3,6 +3,7 @@ simulated engine, and the scenario's goodput / cached-share / verdict arithmetic
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -50,7 +51,7 @@ def test_contexts_grow_every_turn_and_pass_thirty_thousand_tokens() -> None:
     assert len(sessions) >= 10
     for s in sessions:
         contexts = s.context_tokens
-        assert all(b > a for a, b in zip(contexts, contexts[1:], strict=False))
+        assert all(b > a for a, b in itertools.pairwise(contexts))
         assert contexts[-1] >= SHAPE.context_target_min
         assert len(s.turns) >= 3 and s.turns[0].think_s == 0.0
         assert all(t.think_s > 0 for t in s.turns[1:])
