@@ -193,6 +193,12 @@ class TelemetrySettings(_Section):
     enabled: bool = True
     interval_s: float = Field(default=0.1, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
+    # The online cost model (routing/online.py): half-life of its readings, and the
+    # pseudo-readings of its prior (a configured cost model seeds it instead).
+    learn_half_life_s: float = Field(default=300.0, gt=0)
+    learn_prior_weight: float = Field(default=4.0, gt=0)
+    # Time constant of each group's sustained load (routing/learning.py).
+    sustained_s: float = Field(default=10.0, gt=0)
 
 
 class HealthSettings(_Section):

@@ -177,6 +177,38 @@ class InflightHistory:
                 peak = count if peak is None else max(peak, count)
         return self.before if peak is None else max(peak, self.before)
 
+    def busy_share(self, start: float, end: float) -> float:
+        """The share of [start, end] with at least one request in flight (1.0 for an
+        empty span with one in flight at `end`)."""
+        spans = self._spans(start, end)
+        total = sum(d for d, _ in spans)
+        if total <= 0:
+            return 1.0 if spans[-1][1] > 0 else 0.0
+        return sum(d for d, c in spans if c > 0) / total
+
+    def mean(self, start: float, end: float) -> float:
+        """The time-weighted mean count over [start, end] (the count at `end` if empty)."""
+        spans = self._spans(start, end)
+        total = sum(d for d, _ in spans)
+        if total <= 0:
+            return float(spans[-1][1])
+        return sum(d * c for d, c in spans) / total
+
+    def _spans(self, start: float, end: float) -> list[tuple[float, int]]:
+        """(duration, count) of each stretch of [start, end], oldest first; at least one.
+        Before the oldest change kept the count is `before`."""
+        spans: list[tuple[float, int]] = []
+        t_prev, count = start, self.before
+        for t, c in self.changes:
+            if t > end:
+                break
+            if t > start:
+                spans.append((t - t_prev, count))
+                t_prev = t
+            count = c
+        spans.append((max(0.0, end - t_prev), count))
+        return spans
+
 
 @dataclass
 class BackendLoad:

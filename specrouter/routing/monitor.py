@@ -1,6 +1,7 @@
 """What the router observes of its backends: in-flight counts and engine telemetry (the
-`LoadView`, fed by the `TelemetryPoller`), health checks and breakers, and in cluster
-mode every replica's counts. It decides nothing: decisions read its group views.
+`LoadView`, fed by the `TelemetryPoller`), health checks and breakers, in cluster mode
+every replica's counts, and what it learns from them (`learning`: each group's online
+cost model and sustained load). It decides nothing: decisions read its group views.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from specrouter.observe.health import HealthChecker
 from specrouter.observe.loadview import EngineSample, GroupView, LoadView
 from specrouter.observe.telemetry import TelemetryPoller
 from specrouter.routing.cluster import ClusterCounts, SharedState
+from specrouter.routing.learning import CostLearning
 
 
 class BackendMonitor:
@@ -38,6 +40,9 @@ class BackendMonitor:
         self.view = LoadView(poll_interval=telemetry.interval_s)
         for b in self.backends:
             self.view.add_backend(b.name, b.group, b.pool)
+        self.learning = CostLearning(self.view, half_life_s=telemetry.learn_half_life_s,
+                                     prior_weight=telemetry.learn_prior_weight,
+                                     sustained_s=telemetry.sustained_s)
         self.poller: TelemetryPoller | None = None
         if telemetry.enabled:
             self.poller = TelemetryPoller(
@@ -62,12 +67,16 @@ class BackendMonitor:
         return self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
 
     def acquire(self, key: int, backend: str) -> None:
-        self.view.acquire(backend, self.clock())
+        now = self.clock()
+        self.view.acquire(backend, now)
+        self.learning.inflight_changed(backend, now)
         if self.cluster is not None:
             self.cluster.acquire(key, backend)
 
     def release(self, key: int, backend: str) -> None:
-        self.view.release(backend, self.clock())
+        now = self.clock()
+        self.view.release(backend, now)
+        self.learning.inflight_changed(backend, now)
         if self.cluster is not None:
             self.cluster.release(key)
 
@@ -116,6 +125,7 @@ class BackendMonitor:
 
     def _publish_sample(self, name: str, sample: EngineSample) -> None:
         self.view.publish(name, sample)
+        self.learning.sample(name, sample)
         if sample.accept_length is not None:
             self.on_accept(self._groups[name])
 

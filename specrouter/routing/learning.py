@@ -1,0 +1,139 @@
+"""What the router learns of each group while it routes: the online cost model
+(`routing/online.py`) fed with engine windows, and the group's sustained load.
+
+Fed by the `BackendMonitor` (telemetry samples, in-flight changes); read by the
+decisions. No I/O: samples and times come in.
+
+The sustained load is a time-weighted exponential average of the router's in-flight
+count of the group, with time constant `sustained_s`: a short overlap of two requests
+moves it little, a load held for a few time constants moves it all the way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from specrouter.observe.loadview import ACCEPT_MAX_AGE_S, BackendLoad, EngineSample, LoadView
+from specrouter.routing.costmodel import GroupCostModel
+from specrouter.routing.online import OnlineCostModel, step_ms
+
+#: A window counts for a pool's curve when its engine had requests in flight this share of
+#: the window (SGLang's wall time would otherwise include idle gaps); for a mixed reading
+#: the other engine too, and for a solo one the other had none at any moment.
+BUSY_SHARE = 0.95
+
+
+@dataclass
+class SustainedLoad:
+    """Time-weighted exponential average of a count that changes by steps."""
+
+    tau_s: float
+    value: float = 0.0
+    count: float = 0.0  # the count in force since `at`
+    at: float | None = None
+
+    def at_time(self, now: float) -> float:
+        if self.at is None or now <= self.at:
+            return self.value
+        k = math.exp(-(now - self.at) / self.tau_s)
+        return self.count + (self.value - self.count) * k
+
+    def step(self, now: float, count: float) -> None:
+        self.value = self.at_time(now)
+        self.count, self.at = count, now if self.at is None else max(self.at, now)
+
+
+class CostLearning:
+    """Per group: its online cost model and its sustained load. One event loop."""
+
+    def __init__(self, view: LoadView, *, half_life_s: float = 300.0,
+                 prior_weight: float = 4.0, sustained_s: float = 10.0) -> None:
+        self.view = view
+        self.half_life_s, self.prior_weight = half_life_s, prior_weight
+        groups = view.group_names()
+        self._learners = {g: OnlineCostModel(half_life_s=half_life_s, prior_weight=prior_weight)
+                          for g in groups}
+        self._sustained = {g: SustainedLoad(sustained_s) for g in groups}
+        self._windows: dict[str, tuple[float, float]] = {}  # backend -> (rate, first seen)
+
+    def seed(self, models: Mapping[str, GroupCostModel]) -> None:
+        """Configured models become the strong prior of their groups' learners."""
+        for group, model in models.items():
+            if group in self._learners:
+                self._learners[group] = OnlineCostModel(
+                    model, half_life_s=self.half_life_s, prior_weight=self.prior_weight)
+
+    def model(self, group: str, now: float) -> GroupCostModel:
+        return self._learners[group].model(now)
+
+    def learner(self, group: str) -> OnlineCostModel:
+        return self._learners[group]
+
+    def sustained(self, group: str, now: float) -> float:
+        return self._sustained[group].at_time(now)
+
+    def describe(self, group: str, now: float, accept_length: float) -> dict[str, Any]:
+        return {**self._learners[group].describe(now, accept_length),
+                "sustained_load": round(self.sustained(group, now), 3),
+                "sustained_s": self._sustained[group].tau_s}
+
+    # -- feeds ---------------------------------------------------------------------------
+
+    def inflight_changed(self, backend: str, now: float) -> None:
+        group = self.view.backends[backend].group
+        count = sum(b.inflight for b in self.view.backends.values() if b.group == group)
+        self._sustained[group].step(now, float(count))
+
+    def sample(self, backend: str, sample: EngineSample) -> None:
+        """A telemetry sample of `backend`: a new engine window is a reading (each window
+        once: SGLang's gauge keeps its value until the next decode log)."""
+        rate = sample.gen_throughput
+        if rate is None:
+            return
+        prev = self._windows.get(backend)
+        if prev is not None and prev[0] == rate:
+            return
+        self._windows[backend] = (rate, sample.received_at)
+        b = self.view.backends[backend]
+        learner = self._learners[b.group]
+        learner.note_max_batch(b.pool, sample.max_running)
+        if prev is None or rate <= 0:
+            return
+        # the window's ends are known to a poll: widen it by one so no idle gap is missed
+        start, end = prev[1] - self.view.poll_interval, sample.received_at
+        if b.history.busy_share(start, end) < BUSY_SHARE:
+            return
+        tokens = self._tokens_per_step(b, end)
+        if tokens is None:
+            return
+        batch = b.history.mean(prev[1], end)
+        cap = learner.max_batch[b.pool]
+        batch = min(batch, float(cap)) if cap else batch
+        ms = step_ms(batch, tokens, rate)
+        if ms is None:
+            return
+        others = [o for o in self.view.backends.values()
+                  if o.group == b.group and o.pool != b.pool]
+        other_busy = max((o.history.busy_share(start, end) for o in others), default=0.0)
+        engine_busy = any(o.sample is not None and o.sample.total > 0
+                          and o.sample.received_at >= start for o in others)
+        if other_busy == 0.0 and not engine_busy:
+            learner.observe(b.pool, batch, ms, end)
+        elif other_busy >= BUSY_SHARE and others:
+            other_batch = sum(o.history.mean(prev[1], end) for o in others)
+            eagle, base = (batch, other_batch) if b.pool == "eagle" else (other_batch, batch)
+            accept = self._accept(others[0], end) if b.pool == "baseline" else tokens
+            learner.observe_mixed(eagle, base, ms, accept or learner.nominal_accept_length, end)
+
+    def _tokens_per_step(self, b: BackendLoad, now: float) -> float | None:
+        return 1.0 if b.pool == "baseline" else self._accept(b, now)
+
+    @staticmethod
+    def _accept(b: BackendLoad, now: float) -> float | None:
+        """The EAGLE-3 backend's windowed accept length while fresh."""
+        if b.pool != "eagle" or b.accept_length is None or b.accept_seen_at is None:
+            return None
+        return b.accept_length if now - b.accept_seen_at <= ACCEPT_MAX_AGE_S else None

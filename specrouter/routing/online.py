@@ -1,0 +1,276 @@
+"""The online cost model of one GPU group: each pool's step cost, learned from telemetry.
+
+Pure: readings come in as numbers with their time, the model goes out as a
+`GroupCostModel`. `routing/monitor.py` turns engine samples into readings.
+
+A reading is one engine window (SGLang logs its decode stats every 40 decode batches and
+sets `gen_throughput` = tokens of the window / wall time since the previous log): with B
+requests decoding and t tokens per request per step (1 on the baseline, the windowed
+accept length on EAGLE-3), one step took
+
+    step_ms = 1000 * B * t / gen_throughput
+
+The wall time includes idle gaps, prefill batches and the other engine's GPU time slices,
+so only windows whose engine was busy throughout count. A window where the group's other
+server was idle throughout is a solo reading of the pool's curve; one where the other was
+busy throughout measures the mixing cost (a round of both engines, SGLang's two CUDA
+contexts time-sliced); any other window is dropped.
+
+Each pool's curve is a weighted least-squares fit with exponential forgetting (half-life
+`half_life_s`) plus pseudo-readings of a prior:
+- without a configured model the curve is a line a + b*B; the prior is a shape whose level
+  follows the pool's own readings (so a pool seen at one batch size gets the prior's
+  slope-to-intercept ratio, and readings at several sizes outweigh it), and the pool with
+  fewer readings takes the other pool's fit through `TRANSFER` as its shape;
+- with a configured model (calibration, profile, step table) the curve is that model's
+  curve times a learned factor, with the seed as a strong prior of factor 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from specrouter.backends import Pool, other_pool
+from specrouter.routing.costmodel import GroupCostModel, PolyCurve, StepCurve
+
+#: Batch sizes of the prior's pseudo-readings.
+PRIOR_BATCHES = (1.0, 16.0)
+#: Shape of the prior EAGLE-3 line (ms = a * (1 + slope_ratio * B)) and its level before any
+#: reading: the level only sets the units, the ratio the extrapolation of one batch size.
+PRIOR_EAGLE = PolyCurve(10.0, 0.5)
+#: The baseline's step against EAGLE-3's at the same batch: intercept / 1.7 (no draft model,
+#: one-token verify) and slope / 5 (one token per request per step instead of the draft
+#: tokens plus the draft steps). Measured tables: seed-coding 1.8 and 5.0, H200 Llama-3.1-8B
+#: 1.35 and 5.6 (docs/policy.md).
+TRANSFER = (1.7, 5.0)
+#: A reading's batch below this counts as this (an engine that just started a request).
+MIN_BATCH = 1.0
+
+
+@dataclass(frozen=True)
+class ScaledCurve:
+    """A configured curve times a learned factor."""
+
+    base: StepCurve
+    factor: float
+
+    def ms(self, batch: float) -> float:
+        return max(1e-6, self.factor * self.base.ms(batch))
+
+
+@dataclass
+class _Fit:
+    """Decayed weighted sums of one pool's readings in a basis of one or two functions."""
+
+    # w, wx, wy, then for a line the normal equations of a + b*B (A: 2x2, r: 2); for a
+    # seeded curve A[0] = w and r[0] = sum of w * reading / seed
+    sums: list[float] = field(default_factory=lambda: [0.0] * 9)
+    at: float | None = None
+    readings: int = 0
+    low: float = math.inf
+    high: float = 0.0
+
+    def decay(self, now: float, half_life: float) -> None:
+        if self.at is not None and now > self.at:
+            k = 0.5 ** ((now - self.at) / half_life)
+            self.sums = [s * k for s in self.sums]
+        self.at = now if self.at is None else max(self.at, now)
+
+    @property
+    def weight(self) -> float:
+        return self.sums[0]
+
+    def mean(self) -> tuple[float, float] | None:
+        w = self.sums[0]
+        return None if w <= 1e-9 else (self.sums[1] / w, self.sums[2] / w)
+
+
+@dataclass(frozen=True)
+class LearnedPool:
+    """One pool's learned curve and what it rests on (for GET /policy and /metrics)."""
+
+    curve: StepCurve
+    readings: int  # windows folded in, ever
+    weight: float  # their decayed weight
+    prior_weight: float  # the prior's pseudo-readings
+    batch_range: tuple[float, float] | None  # smallest and largest batch seen
+
+    @property
+    def prior_share(self) -> float:
+        """How much of the fit is still the prior (1: no reading yet)."""
+        return self.prior_weight / (self.prior_weight + self.weight)
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.curve
+        shape: dict[str, Any] = ({"a": round(c.a, 4), "b": round(c.b, 5)}
+                                 if isinstance(c, PolyCurve) else
+                                 {"seed_factor": round(c.factor, 4)}
+                                 if isinstance(c, ScaledCurve) else {})
+        return {**shape, "step_ms_at": {str(b): round(c.ms(b), 3) for b in (1, 8, 32)},
+                "readings": self.readings, "weight": round(self.weight, 2),
+                "prior_share": round(self.prior_share, 3),
+                "batch_range": None if self.batch_range is None else list(self.batch_range)}
+
+
+class OnlineCostModel:
+    """The learner of one group. Mutable; one event loop."""
+
+    def __init__(self, seed: GroupCostModel | None = None, *, half_life_s: float = 300.0,
+                 prior_weight: float = 8.0, seed_weight: float = 64.0,
+                 nominal_accept_length: float = 2.0) -> None:
+        if half_life_s <= 0 or prior_weight <= 0 or seed_weight <= 0:
+            raise ValueError("half_life_s, prior_weight and seed_weight must be positive")
+        self.seed = seed
+        self.half_life_s = half_life_s
+        self.prior_weight = seed_weight if seed is not None else prior_weight
+        self.nominal_accept_length = (seed.nominal_accept_length if seed is not None
+                                      else nominal_accept_length)
+        self._fits: dict[Pool, _Fit] = {"eagle": _Fit(), "baseline": _Fit()}
+        self.max_batch: dict[Pool, int | None] = {
+            "eagle": None if seed is None else seed.eagle_max_batch,
+            "baseline": None if seed is None else seed.baseline_max_batch}
+        self.mixing: float | None = None  # observed mixed round / predicted sum
+        self.mixed_readings = 0
+        self._cache: tuple[float, GroupCostModel] | None = None
+
+    # -- readings ------------------------------------------------------------------------
+
+    def observe(self, pool: Pool, batch: float, step_ms: float, now: float,
+                weight: float = 1.0) -> None:
+        """A solo window of `pool`: `batch` requests decoding, steps of `step_ms`."""
+        if not (step_ms > 0 and math.isfinite(step_ms) and batch > 0 and weight > 0):
+            return
+        batch = max(MIN_BATCH, batch)
+        fit = self._fits[pool]
+        fit.decay(now, self.half_life_s)
+        s = fit.sums
+        s[0] += weight
+        s[1] += weight * batch
+        s[2] += weight * step_ms
+        if self.seed is not None:  # the factor: a weighted mean of reading / seed
+            s[3] += weight
+            s[7] += weight * step_ms / self._seed_curve(pool).ms(batch)
+        else:
+            for i, phi_i in enumerate((1.0, batch)):
+                for j, phi_j in enumerate((1.0, batch)):
+                    s[3 + i * 2 + j] += weight * phi_i * phi_j
+                s[7 + i] += weight * phi_i * step_ms
+        fit.readings += 1
+        fit.low, fit.high = min(fit.low, batch), max(fit.high, batch)
+        self._cache = None
+
+    def observe_mixed(self, eagle_batch: float, baseline_batch: float, round_ms: float,
+                      accept_length: float, now: float) -> None:
+        """A window where both engines decoded throughout: `round_ms` is one engine's step
+        as it saw it (its own step plus the other's in between)."""
+        if not (round_ms > 0 and math.isfinite(round_ms)):
+            return
+        m = self.model(now, accept_length)
+        predicted = m.eagle.ms(max(MIN_BATCH, eagle_batch)) + m.baseline.ms(
+            max(MIN_BATCH, baseline_batch))
+        ratio = round_ms / predicted
+        self.mixing = ratio if self.mixing is None else 0.8 * self.mixing + 0.2 * ratio
+        self.mixed_readings += 1
+
+    def note_max_batch(self, pool: Pool, max_running: int | None) -> None:
+        """The engine's max running requests as its telemetry reports it."""
+        if max_running is not None and max_running > 0 and self.max_batch[pool] is None:
+            self.max_batch[pool] = max_running
+            self._cache = None
+
+    # -- the model -----------------------------------------------------------------------
+
+    def model(self, now: float, accept_length: float | None = None) -> GroupCostModel:
+        """The group's cost model as learned by `now` (readings decayed to then)."""
+        if self._cache is not None and self._cache[0] == now:
+            return self._cache[1]
+        for fit in self._fits.values():
+            fit.decay(now, self.half_life_s)
+        e, b = self._curves()
+        model = GroupCostModel(b, e, self.nominal_accept_length, self.max_batch["baseline"],
+                               self.max_batch["eagle"])
+        self._cache = (now, model)
+        return model
+
+    def learned(self, now: float) -> dict[Pool, LearnedPool]:
+        m = self.model(now)
+        out: dict[Pool, LearnedPool] = {}
+        curves: tuple[tuple[Pool, StepCurve], ...] = (("eagle", m.eagle), ("baseline", m.baseline))
+        for pool, curve in curves:
+            fit = self._fits[pool]
+            out[pool] = LearnedPool(curve, fit.readings, fit.weight, self.prior_weight,
+                                    None if fit.readings == 0 else (fit.low, fit.high))
+        return out
+
+    def describe(self, now: float, accept_length: float) -> dict[str, Any]:
+        """What GET /policy shows of the learner."""
+        m = self.model(now)
+        return {
+            "seeded": self.seed is not None, "half_life_s": self.half_life_s,
+            "pools": {p: v.as_dict() for p, v in self.learned(now).items()},
+            "mixing_ratio": None if self.mixing is None else round(self.mixing, 3),
+            "mixed_readings": self.mixed_readings,
+            "crossover": m.crossover(accept_length),
+        }
+
+    def _seed_curve(self, pool: Pool) -> StepCurve:
+        assert self.seed is not None
+        return self.seed.eagle if pool == "eagle" else self.seed.baseline
+
+    def _curves(self) -> tuple[StepCurve, StepCurve]:
+        if self.seed is not None:
+            return (ScaledCurve(self.seed.eagle, self._factor("eagle")),
+                    ScaledCurve(self.seed.baseline, self._factor("baseline")))
+        first: Pool = ("eagle" if self._fits["eagle"].weight >= self._fits["baseline"].weight
+                       else "baseline")
+        prior_first = PRIOR_EAGLE if first == "eagle" else _transfer(PRIOR_EAGLE, "baseline")
+        fitted = self._line(first, prior_first)
+        second = self._line(other_pool(first), _transfer(fitted, other_pool(first)))
+        return (fitted, second) if first == "eagle" else (second, fitted)
+
+    def _factor(self, pool: Pool) -> float:
+        """The readings' mean of reading / seed curve, the seed's pseudo-readings at 1."""
+        fit = self._fits[pool]
+        return (fit.sums[7] + self.prior_weight) / (fit.sums[3] + self.prior_weight)
+
+    def _line(self, pool: Pool, shape: PolyCurve) -> PolyCurve:
+        """Least squares of a + b*B over the readings and the prior's pseudo-readings, the
+        prior's level matched to the readings' mean; slope >= 0, intercept > 0."""
+        fit = self._fits[pool]
+        mean = fit.mean()
+        level = 1.0 if mean is None else mean[1] / shape.ms(mean[0])
+        s = fit.sums
+        a00, a01, a11, r0, r1 = s[3], s[4], s[6], s[7], s[8]
+        share = self.prior_weight / len(PRIOR_BATCHES)
+        for x in PRIOR_BATCHES:
+            y = level * shape.ms(x)
+            a00, a01, a11 = a00 + share, a01 + share * x, a11 + share * x * x
+            r0, r1 = r0 + share * y, r1 + share * x * y
+        det = a00 * a11 - a01 * a01
+        if det <= 1e-12:
+            return PolyCurve(level * shape.a, level * shape.b)
+        a = (r0 * a11 - a01 * r1) / det
+        b = (a00 * r1 - a01 * r0) / det
+        if b < 0:  # a step never gets cheaper with more requests
+            b, a = 0.0, r0 / a00
+        if a <= 0:  # nor costs nothing with none
+            a = 1e-3 * max(r0 / a00, 1e-3)
+            b = max(0.0, (r1 - a * a01) / a11)
+        return PolyCurve(a, b)
+
+
+def _transfer(curve: PolyCurve, to: Pool) -> PolyCurve:
+    """The prior shape of `to` from the other pool's line (`TRANSFER`)."""
+    ia, sb = TRANSFER
+    if to == "baseline":
+        return PolyCurve(curve.a / ia, curve.b / sb)
+    return PolyCurve(curve.a * ia, curve.b * sb)
+
+
+def step_ms(batch: float, tokens_per_step: float, gen_throughput: float) -> float | None:
+    """One step's milliseconds from a window's throughput (None: no usable window)."""
+    if batch <= 0 or tokens_per_step <= 0 or not gen_throughput > 0:
+        return None
+    return 1000.0 * batch * tokens_per_step / gen_throughput

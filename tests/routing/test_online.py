@@ -1,0 +1,139 @@
+"""The online cost model: readings in, a group cost model out (routing/online.py), and the
+feed that turns telemetry windows into readings (routing/learning.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specrouter.observe.loadview import EngineSample, InflightHistory, LoadView
+from specrouter.routing.costmodel import GroupCostModel, PolyCurve
+from specrouter.routing.learning import CostLearning, SustainedLoad
+from specrouter.routing.online import OnlineCostModel, step_ms
+
+# seed-coding's step lines at ctx 1024 (as lines: crossover 2.7 at accept 2.0) and
+# H200 Llama-3.1-8B's (crossover ~44 at accept 2.5), as lines
+SEED = {"eagle": PolyCurve(33.0, 4.33), "baseline": PolyCurve(20.0, 0.87)}
+H200 = {"eagle": PolyCurve(6.5, 0.33), "baseline": PolyCurve(5.1, 0.066)}
+
+
+def feed(m: OnlineCostModel, truth: dict[str, PolyCurve], pool: str, batches: range,
+         t0: float, n: int = 40) -> float:
+    t = t0
+    for i in range(n):
+        t += 1.0
+        b = batches[i % len(batches)]
+        m.observe(pool, b, truth[pool].ms(b), t)  # type: ignore[arg-type]
+    return t
+
+
+def test_step_ms_inverts_throughput() -> None:
+    # 8 requests, 2.5 tokens each per step, 1000 tok/s: 20 ms a step
+    assert step_ms(8, 2.5, 1000.0) == pytest.approx(20.0)
+    assert step_ms(8, 1.0, 0.0) is None and step_ms(0, 1.0, 10.0) is None
+
+
+@pytest.mark.parametrize(("truth", "accept", "lo", "hi"), [(SEED, 2.0, 1.0, 4.0),
+                                                          (H200, 2.5, 30.0, 60.0)])
+def test_readings_of_both_pools_find_the_crossover(truth: dict[str, PolyCurve], accept: float,
+                                                   lo: float, hi: float) -> None:
+    m = OnlineCostModel(prior_weight=4.0)
+    t = feed(m, truth, "eagle", range(1, 12), 0.0)
+    t = feed(m, truth, "baseline", range(2, 40), t)
+    crossover = m.model(t).crossover(accept)
+    assert crossover is not None and lo <= crossover <= hi
+    pools = m.learned(t)
+    assert pools["eagle"].readings == 40 and pools["eagle"].prior_share < 0.15
+
+
+def test_a_pool_without_readings_follows_the_other_through_the_transfer() -> None:
+    m = OnlineCostModel()
+    t = feed(m, SEED, "eagle", range(1, 4), 0.0)
+    model = m.model(t)
+    # the baseline has no reading: its curve is EAGLE-3's, scaled by the transfer ratios
+    assert model.baseline.ms(1) < model.eagle.ms(1) < 2.5 * model.baseline.ms(1)
+    assert m.learned(t)["baseline"].prior_share == 1.0
+
+
+def test_readings_are_forgotten_with_the_half_life() -> None:
+    m = OnlineCostModel(half_life_s=10.0)
+    feed(m, SEED, "baseline", range(1, 20), 0.0, n=20)
+    assert m.learned(20.0)["baseline"].weight == pytest.approx(
+        sum(0.5 ** (k / 10.0) for k in range(20)), rel=1e-6)
+    # after a drift the new level wins within a few half-lives
+    slower = {"baseline": PolyCurve(40.0, 1.74)}
+    t = feed(m, slower, "baseline", range(1, 20), 100.0, n=60)
+    assert m.model(t).baseline.ms(8) == pytest.approx(slower["baseline"].ms(8), rel=0.05)
+
+
+def test_a_seed_keeps_its_shape_and_learns_its_level() -> None:
+    seed = GroupCostModel(SEED["baseline"], SEED["eagle"], 2.0, 256, 48)
+    m = OnlineCostModel(seed, seed_weight=16.0)
+    assert m.model(0.0).eagle.ms(8) == pytest.approx(SEED["eagle"].ms(8))
+    doubled = {"eagle": PolyCurve(66.0, 8.66)}
+    t = feed(m, doubled, "eagle", range(1, 3), 0.0, n=200)
+    assert m.model(t).eagle.ms(30) == pytest.approx(doubled["eagle"].ms(30), rel=0.1)
+    assert m.model(t).eagle_max_batch == 48
+
+
+def test_nonsense_readings_are_ignored() -> None:
+    m = OnlineCostModel()
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        m.observe("eagle", 4, bad, 1.0)
+    assert m.learned(1.0)["eagle"].readings == 0
+
+
+def test_sustained_load_is_time_weighted() -> None:
+    s = SustainedLoad(tau_s=10.0)
+    s.step(0.0, 1.0)
+    s.step(0.5, 0.0)  # a half-second overlap moves it little
+    assert s.at_time(0.5) == pytest.approx(1 - 2.718281828 ** -0.05, rel=1e-3)
+    s.step(1.0, 6.0)
+    assert s.at_time(100.0) == pytest.approx(6.0, rel=1e-3)
+
+
+def test_inflight_history_busy_share_and_mean() -> None:
+    h = InflightHistory()
+    h.record(1.0, 1)
+    h.record(3.0, 3)
+    h.record(4.0, 0)
+    assert h.busy_share(0.0, 4.0) == pytest.approx(0.75)
+    assert h.mean(1.0, 5.0) == pytest.approx((2 * 1 + 1 * 3) / 4)
+    assert h.busy_share(4.5, 5.0) == 0.0
+
+
+def group_view() -> LoadView:
+    v = LoadView(poll_interval=0.1)
+    v.add_backend("e", "g", "eagle")
+    v.add_backend("b", "g", "baseline")
+    return v
+
+
+def sample(at: float, rate: float, running: int = 4) -> EngineSample:
+    return EngineSample(running, 0, at, gen_throughput=rate, max_running=48)
+
+
+def test_windows_of_a_busy_engine_with_the_other_idle_are_solo_readings() -> None:
+    v = group_view()
+    learning = CostLearning(v)
+    for _ in range(4):
+        v.acquire("b", 0.0)
+    learning.sample("b", sample(0.5, 100.0))  # first window seen: its start is unknown
+    learning.sample("b", sample(0.6, 100.0))  # the same window again: counted once
+    learning.sample("b", sample(1.5, 160.0))  # 4 requests at 160 tok/s: 25 ms steps
+    fit = learning.learner("g").learned(1.5)["baseline"]
+    assert fit.readings == 1 and fit.batch_range == (4.0, 4.0)
+    # EAGLE-3 gets a request: the next window is mixed, not a baseline reading
+    v.acquire("e", 1.5)
+    learning.sample("b", sample(2.5, 150.0))
+    assert learning.learner("g").learned(2.5)["baseline"].readings == 1
+
+
+def test_a_window_with_an_idle_gap_is_no_reading() -> None:
+    v = group_view()
+    learning = CostLearning(v)
+    v.acquire("b", 0.0)
+    learning.sample("b", sample(0.1, 50.0, 1))
+    v.release("b", 0.5)  # idle for most of the window: SGLang's rate counts the gap
+    v.acquire("b", 1.9)
+    learning.sample("b", sample(2.0, 20.0, 1))
+    assert learning.learner("g").learned(2.0)["baseline"].readings == 0
