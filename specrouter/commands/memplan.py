@@ -134,6 +134,7 @@ class ServerPlan:
     free_at_start_gib: float  # the least it can find: the other server at its peak
     mem_fraction_static: float
     max_total_tokens: int  # the pool's cap; the KV pool is exactly this many tokens
+    kv_bytes_per_token: int
     weights_gib: float
     draft_gib: float
     kv_pool_gib: float
@@ -204,6 +205,7 @@ def _plan_one(order: int, free_gib: float, want: ServerWant, context_gib: float)
         free_at_start_gib=round(free_gib, 3),
         mem_fraction_static=fraction,
         max_total_tokens=tokens,
+        kv_bytes_per_token=want.kv_bytes_per_token,
         weights_gib=want.weights_gib,
         draft_gib=want.draft_gib,
         kv_pool_gib=round(pool, 3),
