@@ -22,9 +22,9 @@ from typing import Any
 
 from loadtest import plots, report
 from loadtest.metrics import write_json
-from loadtest.scenarios import overhead, peer, sweep, trace
+from loadtest.scenarios import openloop, overhead, peer, sweep, trace
 
-SCENARIOS = ("sweep", "trace", "accept-shift", "overhead", "overhead-eagle", "peer")
+SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "overhead", "overhead-eagle", "peer")
 
 # Per-profile simulator time scale of the sweep: h200-llama3-8b relays ~5,000 chunks/s at
 # concurrency 64 at time scale 1; at 0.1 that would be 50,000/s, far beyond 2 cores.
@@ -104,6 +104,12 @@ def trace_settings(args: argparse.Namespace, out: Path, name: str) -> trace.Trac
     return s
 
 
+def openloop_settings(args: argparse.Namespace, out: Path) -> openloop.OpenLoopSettings:
+    s = openloop.OpenLoopSettings(progress=False, out_dir=str(out),
+                                  calibrate_duration_s=CALIBRATE_DURATION_S)
+    return openloop.quick(s) if args.quick else s
+
+
 # The EAGLE-3 regime is a light load: a group holds a few requests below its crossover.
 EAGLE_REGIME_STREAMS = 8
 
@@ -140,6 +146,8 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         *((name, f"trace:{spec['trace']}",
            lambda name=name: trace.run_trace(trace_settings(args, out, name), log))
           for name, spec in TRACES.items()),
+        ("openloop", "openloop",
+         lambda: openloop.run_openloop(openloop_settings(args, out), log)),
         ("overhead", "overhead",
          lambda: {"scenario": "overhead", **overhead.measure(overhead_settings(args, out))}),
         ("overhead-eagle", "overhead-eagle",
@@ -184,8 +192,8 @@ def _merge_meta(out: Path, command: str, elapsed_s: float) -> dict[str, Any]:
 def load_results(folder: Path) -> dict[str, Any]:
     """The scenario results a previous run wrote (same keys as `run_all`)."""
     results: dict[str, Any] = {}
-    keys = ["sweep", *(f"trace:{spec['trace']}" for spec in TRACES.values()), "overhead",
-            "overhead-eagle", "peer"]
+    keys = ["sweep", *(f"trace:{spec['trace']}" for spec in TRACES.values()), "openloop",
+            "overhead", "overhead-eagle", "peer"]
     for key in keys:
         path = folder / f"{key.replace(':', '-')}.json"
         if path.is_file():
@@ -199,6 +207,9 @@ def make_plots(results: dict[str, Any], img_dir: Path, report_dir: Path) -> dict
         for profile, configs in results["sweep"]["profiles"].items():
             path = plots.sweep_plot(profile, configs, img_dir / f"sweep-{profile}.png")
             images[profile] = str(path.relative_to(report_dir))
+    for profile, data in results.get("openloop", {}).get("profiles", {}).items():
+        path = plots.openloop_plot(profile, data, img_dir / f"openloop-{profile}.png")
+        images[f"openloop:{profile}"] = str(path.relative_to(report_dir))
     for key, value in results.items():
         if key.startswith("trace:"):
             path = plots.trace_plot(value, img_dir / f"trace-{key.split(':', 1)[1]}.png")

@@ -1,4 +1,5 @@
-"""Load shapes: closed-loop concurrency, open-loop Poisson arrivals, phased traces.
+"""Load shapes: closed-loop concurrency, open-loop Poisson arrivals, phased traces, and
+the replay of a fixed open-loop workload (`loadtest.workload`).
 
 Closed loop: N users, each sends its next request when the previous one ends (the load a
 batch job or an agent fleet puts on a server). Open loop: requests arrive at random
@@ -12,7 +13,7 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -20,6 +21,7 @@ from tqdm import tqdm
 from loadtest.client import ConnectionPool, encode, endpoint_path, stream_request
 from loadtest.metrics import RequestResult
 from loadtest.promptset import Prompt, PromptCycler, RequestShape, build_body
+from loadtest.workload import Arrival
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,10 @@ class LoadGenerator:
         self._bar = tqdm(total=total, desc=desc, unit="req", disable=not self.progress,
                          leave=False, mininterval=0.5)
 
-    async def one(self, phase: str = "") -> RequestResult:
+    async def one(self, phase: str = "", shape: RequestShape | None = None) -> RequestResult:
+        """One request of `shape` (default: the generator's), recorded in `results`."""
         assert self._pool is not None, "use `async with LoadGenerator(...)`"
-        body = encode(build_body(self._cycler.next(), self.shape))
+        body = encode(build_body(self._cycler.next(), shape or self.shape))
         result = RequestResult(start=self.now(), phase=phase)
         self.results.append(result)
         await stream_request(self._pool, self._path, body, result, self.headers)
@@ -159,6 +162,29 @@ class LoadGenerator:
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(self.one(phase)))
+        await asyncio.gather(*tasks)
+        return self.results[first:]
+
+    async def replay(self, arrivals: Sequence[Arrival], phase: str = ""
+                     ) -> list[RequestResult]:
+        """Send each arrival at its time (simulated s, scaled by `time_scale`) with its
+        own prompt and output length; waits for all of them to finish.
+
+        The times are fixed in advance, so runs against different servers send the same
+        requests at the same moments. A late wake-up sends at once: arrivals never
+        drift later than their schedule by more than the event loop's lag.
+        """
+        first = len(self.results)
+        self._progress(len(arrivals), phase or "replay")
+        tasks: list[asyncio.Task[RequestResult]] = []
+        start = self.now()
+        for arrival in arrivals:
+            delay = start + arrival.t * self.time_scale - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            shape = replace(self.shape, input_tokens=arrival.input_tokens,
+                            output_tokens=arrival.output_tokens)
+            tasks.append(asyncio.create_task(self.one(phase, shape)))
         await asyncio.gather(*tasks)
         return self.results[first:]
 

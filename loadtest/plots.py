@@ -15,7 +15,8 @@ STYLE = {"eagle": ("tab:orange", "o", "eagle-only"),
          "router": ("tab:green", "D", "specrouter"),
          "router-w0": ("tab:olive", "v", "specrouter, arrival window 0"),
          "router-goodput": ("tab:purple", "^", "specrouter, goodput strategy"),
-         "router-goodput-noprobe": ("tab:pink", "<", "specrouter, goodput, no probes")}
+         "router-goodput-noprobe": ("tab:pink", "<", "specrouter, goodput, no probes"),
+         "router-calibrated": ("tab:cyan", "P", "specrouter, calibrated policy")}
 
 
 def sweep_plot(profile: str, configs: dict[str, Any], path: Path) -> Path:
@@ -95,6 +96,38 @@ def trace_plot(trace: dict[str, Any], path: Path) -> Path:
     if any_router:
         share.legend(fontsize=7, loc="center right", framealpha=0.9)
     fig.suptitle(f"trace {trace['settings']['trace']} ({trace['settings']['profile']})")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def openloop_plot(profile: str, data: dict[str, Any], path: Path) -> Path:
+    """Median end-to-end latency, TTFT p99 and throughput against the Poisson rate, one
+    line per config (the burst pattern is in the report's table, not here)."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    for config, cfg in data.get("configs", {}).items():
+        rows = [lv for lv in cfg.get("loads", []) if lv.get("rate") is not None]
+        if not rows:
+            continue
+        color, marker, label = STYLE.get(config, ("gray", "x", config))
+        xs = [lv["rate"] for lv in rows]
+        for ax, values in zip(axes, ([lv["e2e"]["p50"] for lv in rows],
+                                     [lv["ttft"]["p99"] for lv in rows],
+                                     [lv["output_tok_s"] for lv in rows]), strict=True):
+            ax.plot(xs, values, color=color, marker=marker, label=label)
+    for ax, title, ylabel in zip(axes, ("median end-to-end latency", "TTFT p99",
+                                        "output throughput"),
+                                 ("seconds", "seconds", "tokens/s"), strict=True):
+        ax.set_xscale("log")
+        ax.set_xlabel("Poisson arrival rate (requests/s, simulated)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{profile}: {title}")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from loadtest.scenarios import openloop
 from loadtest.scenarios.overhead import P50_TARGET_MS, P99_TARGET_MS
 from loadtest.scenarios.sweep import LATENCY_TARGET, THROUGHPUT_TARGET
 from loadtest.scenarios.trace import GOODPUT_TARGET
@@ -281,6 +282,146 @@ def trace_section(trace: dict[str, Any], image: str | None) -> tuple[list[str], 
     return lines, misses
 
 
+def openloop_section(result: dict[str, Any], images: dict[str, str]
+                     ) -> tuple[list[str], list[str]]:
+    s = result["settings"]
+    lines = ["## Open loop: Poisson rates from light load to saturation, on/off bursts", "",
+             f"Requests arrive on a schedule drawn before the run from fixed seeds, so every "
+             f"config gets the same requests at the same moments: {s['requests_per_rate']} "
+             "requests per Poisson rate; prompt lengths lognormal (median "
+             f"{s['input_median']:g}, sigma {s['input_sigma']:g}, clipped to "
+             f"[{s['input_low']}, {s['input_high']}] tokens), output lengths lognormal "
+             f"(median {s['output_median']:g}, sigma {s['output_sigma']:g}, clipped to "
+             f"[{s['output_low']}, {s['output_high']}]) with ignore_eos. Rates are fractions "
+             f"{', '.join(f'{f:g}' for f in s['fractions'])} of the saturation rate: the "
+             "requests/s the better pool alone completes with "
+             f"{s['saturation_batch']} requests in its batch (the profile's cost model: decode "
+             "throughput at that batch and the mean context; plus the profile's prefill cost "
+             "per request at the mean prompt length). The burst pattern is on/off modulated "
+             f"Poisson: {openloop.BURST_ON:g}x saturation for about {s['burst_on_arrivals']} "
+             f"arrivals, then {openloop.BURST_OFF:g}x for about {s['burst_off_arrivals']}, "
+             f"{s['burst_cycles']} cycles. Each load starts from an idle group and the same "
+             "simulator seed. Configs: `eagle` / `baseline` (that engine of the group alone); "
+             "`router`: `specrouter serve` with nothing set but the router's timers on the "
+             "simulator's clock (what a new user gets); `router-calibrated`: the policy "
+             "`specrouter calibrate` derives on the same group; `router-goodput`: strategy "
+             "goodput with the profile's cost model on top of it. A router config runs every "
+             "load in one process, lightest first. Simulator: the shared-GPU SGLang simulator "
+             "(time-slicing: when both engines of the group have work, each step waits for "
+             "the other's). Times are simulated seconds; the router's own real-time cost is "
+             "magnified by 1 / time scale in them.", "",
+             f"Targets at every Poisson rate (done-when): router median e2e <= "
+             f"{openloop.LATENCY_TARGET}x, throughput >= {openloop.THROUGHPUT_TARGET}x, TTFT "
+             f"p99 <= {openloop.TTFT_P99_TARGET}x the better static pool (per metric: the "
+             "lower latency, the higher throughput of the two), no errors; the calibrated "
+             "config as well. The burst is reported against the same ratios, not judged.", ""]
+    misses: list[str] = []
+    for profile, data in result["profiles"].items():
+        cap = data["capacity"]
+        pools = cap["pools"]
+        lines += [f"### {profile} (open loop)", "",
+                  f"Simulator --time-scale {data['time_scale']:g}. Saturation "
+                  f"{cap['saturation_req_s']:.3g} req/s ({cap['better']}): at batch "
+                  f"{cap['batch']} and context {cap['ctx']} the cost model gives eagle "
+                  f"{pools['eagle']['decode_tok_s']:g} tok/s decode (batch "
+                  f"{pools['eagle']['batch']:g}, accept length {cap['accept_length']:g}), "
+                  f"baseline {pools['baseline']['decode_tok_s']:g} tok/s; with prefill "
+                  f"{pools['eagle']['prefill_ms']:g} / {pools['baseline']['prefill_ms']:g} ms "
+                  f"per request and {cap['mean_output_tokens']:g} mean output tokens: eagle "
+                  f"{pools['eagle']['req_s']:.3g} req/s, baseline "
+                  f"{pools['baseline']['req_s']:.3g} req/s. Cost-model crossover "
+                  f"{_f(cap.get('crossover'), 1)} requests.", ""]
+        lines += [line.replace("applied to every router config",
+                               "applied to router-calibrated and router-goodput (not to "
+                               "`router`)")
+                  for line in _calibration_lines(data.get("calibration"))]
+        if f"openloop:{profile}" in images:
+            lines += [f"![open loop {profile}]({images[f'openloop:{profile}']})", ""]
+        lines += ["| load | config | offered req/s | e2e p50 s | e2e p99 s | TTFT p99 s | "
+                  "tok/s | errors | pools |", "|---|---|---|---|---|---|---|---|---|"]
+        burst = cap.get("burst") or {}
+        burst_rate = (f"on {_f(burst.get('on_rate'), 3)} / off {_f(burst.get('off_rate'), 3)}"
+                      if burst else "n/a")
+        for ld in data["loads"]:
+            for config, cfg in data["configs"].items():
+                row = next((r for r in cfg.get("loads", []) if r["load"] == ld["name"]), None)
+                if row is None:
+                    continue
+                rate = ld["rate"]
+                lines.append(
+                    f"| {ld['name']} | {config} | "
+                    f"{_f(rate, 3) if rate is not None else burst_rate} | "
+                    f"{_f(row['e2e']['p50'], 2)} | {_f(row['e2e']['p99'], 2)} | "
+                    f"{_f(row['ttft']['p99'], 3)} | {_f(row['output_tok_s'])} | "
+                    f"{row['errors']} | {_pools(row.get('by_pool'))} |")
+        cmp = result["comparison"].get(profile, {})
+        routers = [c for c in data["configs"] if c not in openloop.STATIC]
+        head = ["load", "best static tok/s / p50 s / TTFT p99 s"]
+        head += [f"{r}: p50 / tok/s / TTFT p99 ratio" for r in routers]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for row in cmp.get("rows", []):
+            best = row.get("best")
+            cells = [row["load"], "n/a" if best is None else
+                     f"{_f(best['output_tok_s'])} / {_f(best['e2e_p50'], 2)} / "
+                     f"{_f(best['ttft_p99'], 3)}"]
+            for name in routers:
+                v = row["routers"].get(name)
+                if v is None:
+                    cells.append("n/a")
+                    continue
+                mark = "" if v["meets"] else " **x**"
+                cells.append(f"{_f(v['latency_ratio'], 3)} / {_f(v['throughput_ratio'], 3)} / "
+                             f"{_f(v['ttft_p99_ratio'], 3)}{mark}")
+                if name in openloop.JUDGED and row["rate"] is not None and not v["meets"]:
+                    misses.append(f"openloop {profile} {row['load']} req/s {name}: "
+                                  + _openloop_miss(v))
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "Ratios are config / better static pool at the same load; **x** marks a "
+                  "miss of any target (or errors).", ""]
+        for name, v in cmp.get("verdict", {}).items():
+            judged = " (done-when)" if name in openloop.JUDGED else ""
+            lines.append(f"- {name}{judged}: met every target at {v['met']} of {v['rates']} "
+                         f"Poisson rates: **{'met' if v['meets_all'] else 'missed'}**")
+        lines.append("")
+        for config, cfg in data["configs"].items():
+            if cfg.get("error"):
+                lines += [f"{config}: could not run: `{cfg['error'].splitlines()[-1][:200]}`",
+                          ""]
+            if cfg.get("decisions"):
+                text = ", ".join(f"{k} {v:.0f}" for k, v in sorted(cfg["decisions"].items()))
+                lines += [f"{config} decisions over all loads (pool/reason): {text}.", ""]
+        peaks: dict[str, float] = {}
+        flagged: list[str] = []
+        for config, cfg in data["configs"].items():
+            for row in cfg.get("loads", []):
+                for name, share in row.get("cpu_cores", {}).items():
+                    peaks[name] = max(peaks.get(name, 0.0), share)
+                if row.get("saturated"):
+                    flagged.append(f"{config} {row['load']} ({', '.join(row['saturated'])})")
+        line = ("Peak CPU per process, in cores: "
+                + ", ".join(f"{n} {v:.2f}" for n, v in sorted(peaks.items())) + ".")
+        line += (" Near a full core at: " + "; ".join(flagged) + " (timings there are suspect)."
+                 if flagged else " No process came near a full core.")
+        lines += [line, ""]
+    return lines, misses
+
+
+def _openloop_miss(v: dict[str, Any]) -> str:
+    parts = []
+    if not v["meets_latency"]:
+        parts.append(f"median e2e {_f(v['latency_ratio'], 3)}x (target <= "
+                     f"{openloop.LATENCY_TARGET}x)")
+    if not v["meets_throughput"]:
+        parts.append(f"throughput {_f(v['throughput_ratio'], 3)}x (target >= "
+                     f"{openloop.THROUGHPUT_TARGET}x)")
+    if not v["meets_ttft"]:
+        parts.append(f"TTFT p99 {_f(v['ttft_p99_ratio'], 3)}x (target <= "
+                     f"{openloop.TTFT_P99_TARGET}x)")
+    if v["errors"]:
+        parts.append(f"{v['errors']} errors")
+    return "; ".join(parts) + " the better static pool"
+
+
 def overhead_section(overhead: dict[str, Any] | None, peer: dict[str, Any] | None,
                      eagle_regime: dict[str, Any] | None = None
                      ) -> tuple[list[str], list[str]]:
@@ -391,6 +532,10 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
         misses += miss
     for key in sorted(k for k in results if k.startswith("trace:")):
         part, miss = trace_section(results[key], images.get(key))
+        body += part
+        misses += miss
+    if "openloop" in results:
+        part, miss = openloop_section(results["openloop"], images)
         body += part
         misses += miss
     if "overhead" in results or "peer" in results:

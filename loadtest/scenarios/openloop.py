@@ -1,0 +1,424 @@
+"""`openloop`: Poisson arrivals from light load to saturation and on/off bursts, with
+heavy-tailed mixed request lengths, through each static pool and the router configs.
+
+Per profile one simulated GPU group is started; every config replays the same
+workloads (`loadtest.workload`: arrival times and lengths drawn from fixed seeds before
+the run) one rate after the other, lightest first, then the burst pattern; every rate
+starts from an idle group and the same simulator seed (`POST /sim/control seed`).
+
+Rates are fractions of the profile's saturation rate: the request rate the better pool
+alone serves at `SATURATION_BATCH` requests in its batch, from the profile's cost model
+(decode throughput at that batch) plus its prefill cost per request, for the workload's
+mean lengths (`capacity`). The burst pattern is on/off modulated Poisson: `BURST_ON` x
+saturation during on periods, `BURST_OFF` x saturation in between.
+
+Configs: `eagle` and `baseline` (each engine of the group alone, the other idles);
+`router`: `specrouter serve` with nothing set (what a new user gets; only the router's
+timers are moved to the simulator's clock, as in every scenario: `router_time_env`,
+`scaled_policy`); `router-calibrated`: the policy `specrouter calibrate` derives on the
+same group; `router-goodput`: the goodput strategy with the profile's cost model on top
+of that policy (the sweep's variant). The router runs all rates of a config in one
+process, so what it learns at one rate it keeps at the next, as a deployment would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest.generator import LoadGenerator
+from loadtest.metrics import RequestResult, summarize, write_json, write_tagged_csv
+from loadtest.procs import Stack, served_model, sim_control
+from loadtest.promptset import RequestShape, load_prompts
+from loadtest.scenarios.common import (
+    CpuWatch,
+    calibrate,
+    decision_counts,
+    router_time_env,
+    run_async,
+    saturated,
+    scaled_policy,
+)
+from loadtest.scenarios.sweep import DEFAULT_LEVELS, router_env
+from loadtest.workload import Arrival, LengthDist, OnOff, onoff_workload, poisson_workload
+from specrouter.backends import Pool
+
+STATIC: tuple[Pool, Pool] = ("eagle", "baseline")
+ROUTERS = ("router", "router-calibrated", "router-goodput")
+CONFIGS = (*STATIC, *ROUTERS)
+# The configs the done-when judges: the default must meet the targets, the calibrated
+# one as well.
+JUDGED = ("router", "router-calibrated")
+DEFAULT_PROFILES = ("seed-coding", "h200-llama3-8b")
+
+# The issue's targets against the better static pool at the same rate.
+LATENCY_TARGET = 1.05  # median end-to-end latency, at most
+THROUGHPUT_TARGET = 0.97  # output tokens/s, at least
+TTFT_P99_TARGET = 1.10  # TTFT p99, at most
+
+# The better pool alone holds this many requests at the saturation rate.
+SATURATION_BATCH = 64
+DEFAULT_FRACTIONS = (0.06, 0.2, 0.4, 0.65, 0.9)
+# Burst pattern: on at 1.2x the saturation rate (a burst no pool absorbs without a
+# queue), off at a light load, in periods holding about this many arrivals each.
+BURST_ON, BURST_OFF = 1.2, 0.06
+BURST_ON_ARRIVALS, BURST_OFF_ARRIVALS, BURST_CYCLES = 16, 4, 2
+
+# Simulator time scale per profile: the relay rate at the top rate stays near 25
+# requests per real second, which 2 cores carry with the router (sweep: c=64 on
+# seed-coding at 0.1 is ~30 req/s real, router 0.72 cores).
+TIME_SCALES = {"seed-coding": 0.1, "h200-llama3-8b": 0.5}
+DEFAULT_TIME_SCALE = 0.1
+
+
+@dataclass
+class OpenLoopSettings:
+    profiles: list[str] = field(default_factory=lambda: list(DEFAULT_PROFILES))
+    configs: list[str] = field(default_factory=lambda: list(CONFIGS))
+    fractions: list[float] = field(default_factory=lambda: list(DEFAULT_FRACTIONS))
+    requests_per_rate: int = 32
+    time_scale: float = DEFAULT_TIME_SCALE
+    profile_time_scales: dict[str, float] = field(default_factory=lambda: dict(TIME_SCALES))
+    # prompt and output lengths (tokens): lognormal, clipped
+    input_median: float = 800.0
+    input_sigma: float = 0.8
+    input_low: int = 64
+    input_high: int = 6000
+    output_median: float = 200.0
+    output_sigma: float = 0.8
+    output_low: int = 16
+    output_high: int = 1024
+    burst: bool = True
+    burst_cycles: int = BURST_CYCLES
+    burst_on_arrivals: int = BURST_ON_ARRIVALS
+    burst_off_arrivals: int = BURST_OFF_ARRIVALS
+    saturation_batch: int = SATURATION_BATCH
+    calibrate: bool = True
+    calibrate_levels: list[int] = field(default_factory=lambda: list(DEFAULT_LEVELS))
+    calibrate_duration_s: float = 5.0
+    # the shape `specrouter calibrate` measures with (its defaults, as a user runs it)
+    calibrate_input_tokens: int = 1000
+    calibrate_output_tokens: int = 256
+    seed: int = 7
+    progress: bool = True
+    router_env: dict[str, str] = field(default_factory=dict)
+    out_dir: str | None = None
+
+    @property
+    def inputs(self) -> LengthDist:
+        return LengthDist(self.input_median, self.input_sigma, self.input_low, self.input_high)
+
+    @property
+    def outputs(self) -> LengthDist:
+        return LengthDist(self.output_median, self.output_sigma, self.output_low,
+                          self.output_high)
+
+    def scale_of(self, profile: str) -> float:
+        return self.profile_time_scales.get(profile, self.time_scale)
+
+
+# --- rates from the profile's pools ---------------------------------------------------------
+
+
+def capacity_req_s(decode_tok_s: float, mean_output: float, prefill_ms: float) -> float:
+    """Requests per second one pool completes when its decode runs at `decode_tok_s`:
+    each request takes mean_output / decode_tok_s seconds of decode plus its prefill
+    (the GPU does one or the other at a time)."""
+    if decode_tok_s <= 0 or mean_output <= 0:
+        raise ValueError("capacity needs positive throughput and output length")
+    return 1.0 / (mean_output / decode_tok_s + prefill_ms / 1000.0)
+
+
+def capacity(profile: str, inputs: LengthDist, outputs: LengthDist,
+             batch: int = SATURATION_BATCH) -> dict[str, Any]:
+    """Each pool's request rate at `batch` requests (its batch cap if lower), from the
+    profile's cost model at the workload's mean context and the profile's prefill cost,
+    and the saturation rate (the better pool's)."""
+    from specrouter.routing.costsource import CostModelSource, profile_file
+
+    raw = json.loads(profile_file(profile).read_text(encoding="utf-8"))
+    prefill = raw.get("prefill", {})
+    mean_in, mean_out = inputs.mean(), outputs.mean()
+    ctx = round(mean_in + mean_out / 2)
+    model = CostModelSource(profile=profile, ctx=ctx).model()
+    accept = model.nominal_accept_length
+    pools: dict[str, Any] = {}
+    for pool in STATIC:
+        pred = model.predict(pool, batch, accept)
+        prefill_ms = (float(prefill.get("base_ms", 5.0))
+                      + float(prefill.get("per_token_ms", 0.02)) * mean_in)
+        if pool == "eagle":
+            prefill_ms *= 1.0 + float(prefill.get("draft_factor", 0.1))
+        pools[pool] = {"batch": pred.batch, "decode_tok_s": round(pred.throughput_tok_s, 1),
+                       "prefill_ms": round(prefill_ms, 2),
+                       "req_s": capacity_req_s(pred.throughput_tok_s, mean_out, prefill_ms)}
+    better = max(pools, key=lambda p: pools[p]["req_s"])
+    return {"pools": pools, "better": better, "saturation_req_s": pools[better]["req_s"],
+            "batch": batch, "ctx": ctx, "accept_length": accept,
+            "mean_input_tokens": round(mean_in, 1), "mean_output_tokens": round(mean_out, 1),
+            "crossover": model.crossover(accept)}
+
+
+def rates_for(saturation_req_s: float, fractions: list[float]) -> list[float]:
+    """The fractions of the saturation rate, to 3 significant digits."""
+    return [float(f"{f * saturation_req_s:.3g}") for f in fractions]
+
+
+def burst_pattern(saturation_req_s: float, cycles: int, on_arrivals: int = BURST_ON_ARRIVALS,
+                  off_arrivals: int = BURST_OFF_ARRIVALS) -> OnOff:
+    """On at BURST_ON x saturation for periods of about `on_arrivals` arrivals, off at
+    BURST_OFF x saturation for about `off_arrivals`."""
+    on_rate, off_rate = BURST_ON * saturation_req_s, BURST_OFF * saturation_req_s
+    return OnOff(on_rate=on_rate, off_rate=off_rate, on_s=on_arrivals / on_rate,
+                 off_s=off_arrivals / off_rate, cycles=cycles)
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    """One measured load of a profile: a Poisson rate or the burst pattern."""
+
+    name: str  # "rate 0.14" or "burst"
+    arrivals: list[Arrival]
+    rate: float | None  # Poisson rate (simulated req/s), None for the burst
+    seed: int
+
+
+def loads_of(profile: str, s: OpenLoopSettings) -> tuple[dict[str, Any], list[Load]]:
+    cap = capacity(profile, s.inputs, s.outputs, s.saturation_batch)
+    loads = [Load(f"rate {rate:g}",
+                  poisson_workload(rate, s.requests_per_rate, s.inputs, s.outputs,
+                                   s.seed * 1000 + i), rate, s.seed * 1000 + i)
+             for i, rate in enumerate(rates_for(cap["saturation_req_s"], s.fractions))]
+    if s.burst:
+        pattern = burst_pattern(cap["saturation_req_s"], s.burst_cycles, s.burst_on_arrivals,
+                                s.burst_off_arrivals)
+        seed = s.seed * 1000 + 999
+        loads.append(Load("burst", onoff_workload(pattern, s.inputs, s.outputs, seed),
+                          None, seed))
+        cap["burst"] = asdict(pattern)
+    return cap, loads
+
+
+def config_env(config: str, policy: dict[str, Any], scale: float, profile: str
+               ) -> dict[str, str]:
+    """Environment of one router config (see the module docstring)."""
+    if config == "router":
+        return {**router_time_env(scale), "SPECROUTER_POLICY": json.dumps(scaled_policy({}, scale))}
+    return router_env(policy, "router" if config == "router-calibrated" else config, scale,
+                      profile)
+
+
+async def _replay(url: str, pids: dict[str, int], model: str, load: Load, scale: float,
+                  s: OpenLoopSettings) -> tuple[dict[str, Any], list[RequestResult]]:
+    shape = RequestShape(model, round(s.input_median), round(s.output_median))
+    async with LoadGenerator(url, shape, load_prompts(), seed=load.seed, progress=s.progress,
+                             time_scale=scale) as gen:
+        watch = CpuWatch(pids)
+        results = await gen.replay(load.arrivals, phase=load.name)
+        shares = watch.shares()
+    summary = summarize(results, time_scale=scale)
+    return {"load": load.name, "rate": load.rate, **summary, "cpu_cores": shares,
+            "saturated": saturated(shares)}, results
+
+
+def run_profile(profile: str, s: OpenLoopSettings, log: Any = print) -> dict[str, Any]:
+    scale = s.scale_of(profile)
+    cap, loads = loads_of(profile, s)
+    out: dict[str, Any] = {"time_scale": scale, "capacity": cap,
+                           "loads": [{"name": ld.name, "rate": ld.rate,
+                                      "requests": len(ld.arrivals)} for ld in loads],
+                           "configs": {}}
+    log(f"  {profile}: saturation {cap['saturation_req_s']:.3g} req/s ({cap['better']}), "
+        f"loads {[ld.name for ld in loads]}")
+    policy: dict[str, Any] = {}
+    with Stack() as stack:
+        sim = stack.sim_group("gpu0", profile, scale, s.seed)
+        model = served_model(sim.eagle_url)
+        for config in s.configs:
+            pids = {"sim": sim.child.pid}
+            url, router, env = sim.urls().get(config), None, {}
+            if url is None:
+                if config != "router" and s.calibrate and "calibration" not in out:
+                    out["calibration"] = _calibration(sim.eagle_url, sim.baseline_url, profile,
+                                                      scale, s, log)
+                    policy = dict(out["calibration"].get("policy") or {})
+                env = config_env(config, policy, scale, profile)
+                try:
+                    router = stack.router(sim.backends(), env={**env, **s.router_env})
+                except RuntimeError as exc:
+                    out["configs"][config] = {"error": str(exc)[-2000:], "loads": []}
+                    continue
+                url, pids["router"] = router.url, router.child.pid
+            rows: list[dict[str, Any]] = []
+            tagged: list[tuple[dict[str, Any], RequestResult]] = []
+            for load in loads:
+                for engine_url in sim.urls().values():
+                    sim_control(engine_url, {"seed": load.seed})
+                row, results = run_async(_replay(url, pids, model, load, scale, s))
+                rows.append(row)
+                tagged.extend(({"load": load.name}, r) for r in results)
+                log(f"  {profile} {config:17s} {load.name:11s} {row['output_tok_s']:8.1f} tok/s"
+                    f"  e2e p50 {row['e2e']['p50']:7.2f} s  TTFT p99 {row['ttft']['p99']:6.3f} s"
+                    f"  errors {row['errors']}  pools {row.get('by_pool', {})}"
+                    f"  cpu {row['cpu_cores']}")
+            data: dict[str, Any] = {"loads": rows}
+            if router is not None:
+                data["decisions"] = decision_counts(router.url)
+                data["policy"] = json.loads(env["SPECROUTER_POLICY"])
+                data["env"] = {k: v for k, v in env.items() if k != "SPECROUTER_POLICY"}
+                stack.stop(router.child)
+            out["configs"][config] = data
+            if s.out_dir:
+                path = Path(s.out_dir) / f"openloop-{profile}-{config}.csv"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_tagged_csv(path, tagged)
+    return out
+
+
+def _calibration(eagle_url: str, baseline_url: str, profile: str, scale: float,
+                 s: OpenLoopSettings, log: Any) -> dict[str, Any]:
+    """`specrouter calibrate` on the group, as a user runs it (its default request
+    shape); the sweep's calibration of the same profile is reused when it ran."""
+    try:
+        return calibrate(eagle_url, baseline_url, s.calibrate_levels, s.calibrate_duration_s,
+                         s.calibrate_input_tokens, s.calibrate_output_tokens, s.out_dir,
+                         profile, log, cache_key=(profile, ""), time_scale=scale)
+    except RuntimeError as exc:
+        return {"error": str(exc)[-2000:], "policy": {}}
+
+
+def run_openloop(s: OpenLoopSettings, log: Any = print) -> dict[str, Any]:
+    result: dict[str, Any] = {"scenario": "openloop", "settings": asdict(s), "profiles": {}}
+    for profile in s.profiles:
+        log(f"openloop {profile}")
+        result["profiles"][profile] = run_profile(profile, s, log)
+    result["comparison"] = compare(result)
+    if s.out_dir:
+        write_json(Path(s.out_dir) / "openloop.json", result)
+    return result
+
+
+# --- verdicts --------------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def ratios(row: dict[str, Any], statics: list[dict[str, Any]]) -> dict[str, Any]:
+    """One config's figures against the better static pool, metric by metric: the higher
+    throughput, the lower median latency, the lower TTFT p99 of the two pools."""
+    tputs = [v for lv in statics if (v := _finite(lv["output_tok_s"])) is not None]
+    p50s = [v for lv in statics if (v := _finite(lv["e2e"]["p50"])) is not None]
+    ttfts = [v for lv in statics if (v := _finite(lv["ttft"]["p99"])) is not None]
+    tput, p50, ttft = (_finite(row["output_tok_s"]), _finite(row["e2e"]["p50"]),
+                       _finite(row["ttft"]["p99"]))
+    out: dict[str, Any] = {
+        "throughput_ratio": tput / max(tputs) if tput is not None and tputs and max(tputs) > 0
+        else None,
+        "latency_ratio": p50 / min(p50s) if p50 is not None and p50s and min(p50s) > 0
+        else None,
+        "ttft_p99_ratio": ttft / min(ttfts) if ttft is not None and ttfts and min(ttfts) > 0
+        else None,
+        "errors": row["errors"],
+    }
+    out["meets_throughput"] = (out["throughput_ratio"] is not None
+                               and out["throughput_ratio"] >= THROUGHPUT_TARGET)
+    out["meets_latency"] = (out["latency_ratio"] is not None
+                            and out["latency_ratio"] <= LATENCY_TARGET)
+    out["meets_ttft"] = (out["ttft_p99_ratio"] is not None
+                         and out["ttft_p99_ratio"] <= TTFT_P99_TARGET)
+    out["meets"] = (out["meets_throughput"] and out["meets_latency"] and out["meets_ttft"]
+                    and row["errors"] == 0)
+    return out
+
+
+def compare_profile(data: dict[str, Any]) -> dict[str, Any]:
+    """Per load: the better static pool's figures and each router config's ratios; per
+    judged config: whether it met every Poisson rate (the burst is reported, not judged)."""
+    configs = data.get("configs", {})
+    by_load = {name: {lv["load"]: lv for lv in cfg.get("loads", [])}
+               for name, cfg in configs.items()}
+    rows: list[dict[str, Any]] = []
+    for load in data.get("loads", []):
+        name = load["name"]
+        statics = [by_load[c][name] for c in STATIC if name in by_load.get(c, {})]
+        row: dict[str, Any] = {"load": name, "rate": load["rate"], "routers": {}}
+        if statics:
+            row["best"] = {
+                "output_tok_s": max(lv["output_tok_s"] for lv in statics),
+                "e2e_p50": min(lv["e2e"]["p50"] for lv in statics),
+                "ttft_p99": min(lv["ttft"]["p99"] for lv in statics)}
+            for config, levels in by_load.items():
+                if config not in STATIC and name in levels:
+                    row["routers"][config] = ratios(levels[name], statics)
+        rows.append(row)
+    verdict: dict[str, Any] = {}
+    for config in configs:
+        if config in STATIC:
+            continue
+        judged = [r["routers"].get(config) for r in rows if r["rate"] is not None]
+        verdict[config] = {"rates": len(judged),
+                           "met": sum(1 for j in judged if j is not None and j["meets"]),
+                           "meets_all": bool(judged) and all(j is not None and j["meets"]
+                                                             for j in judged)}
+    return {"rows": rows, "verdict": verdict}
+
+
+def compare(result: dict[str, Any]) -> dict[str, Any]:
+    return {profile: compare_profile(data) for profile, data in result["profiles"].items()}
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profiles", default=",".join(DEFAULT_PROFILES))
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help=f"any of {','.join(CONFIGS)}")
+    parser.add_argument("--fractions", default=",".join(map(str, DEFAULT_FRACTIONS)),
+                        help="Poisson rates as fractions of the saturation rate")
+    parser.add_argument("--requests", type=int, default=32, help="requests per rate")
+    parser.add_argument("--no-burst", action="store_true")
+    parser.add_argument("--no-calibrate", action="store_true")
+
+
+def settings_from_args(args: argparse.Namespace) -> OpenLoopSettings:
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        raise SystemExit(f"unknown configs {sorted(unknown)}: use {','.join(CONFIGS)}")
+    s = OpenLoopSettings(
+        profiles=[p for p in args.profiles.split(",") if p], configs=configs,
+        fractions=[float(x) for x in args.fractions.split(",") if x],
+        requests_per_rate=args.requests, burst=not args.no_burst,
+        calibrate=not args.no_calibrate, seed=args.seed, progress=not args.no_progress,
+        out_dir=args.out)
+    if args.quick:
+        quick(s)
+    return s
+
+
+def quick(s: OpenLoopSettings) -> OpenLoopSettings:
+    """The smoke version (about a minute): one profile, three rates of a few short
+    requests, one burst cycle, a short calibration. Its figures check the pipeline, not
+    the router: short requests at a coarse time scale are mostly overhead."""
+    s.profiles, s.profile_time_scales = ["seed-coding"], {"seed-coding": 0.25}
+    s.fractions, s.requests_per_rate = [0.1, 0.5, 0.9], 6
+    s.burst_cycles, s.burst_on_arrivals, s.burst_off_arrivals = 1, 8, 2
+    s.input_median, s.input_high, s.output_median, s.output_sigma, s.output_high = (
+        300.0, 1500, 64.0, 0.5, 128)
+    s.calibrate_levels, s.calibrate_duration_s = [1, 16], 1.0
+    s.calibrate_input_tokens, s.calibrate_output_tokens = 500, 64
+    return s
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    return run_openloop(settings_from_args(args))

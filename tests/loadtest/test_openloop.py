@@ -1,0 +1,170 @@
+"""The open-loop scenario: its workload generators' statistics, the rates it derives, the
+verdict arithmetic, and one tiny run end to end (simulator, router, report, plot)."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from loadtest import bench, report
+from loadtest.scenarios import openloop
+from loadtest.workload import (
+    LengthDist,
+    OnOff,
+    onoff_workload,
+    poisson_times,
+    poisson_workload,
+)
+
+
+def test_lengths_are_lognormal_clipped_and_their_mean_is_exact() -> None:
+    dist = LengthDist(median=200, sigma=0.8, low=16, high=1024)
+    rng = random.Random(1)
+    draws = [dist.draw(rng) for _ in range(40_000)]
+    assert min(draws) >= 16 and max(draws) <= 1024
+    assert draws.count(1024) > 0  # the tail reaches the cap
+    assert statistics.median(draws) == pytest.approx(200, rel=0.03)
+    assert statistics.fmean(draws) == pytest.approx(dist.mean(), rel=0.01)
+    # unclipped, the mean is exp(mu + sigma^2 / 2)
+    wide = LengthDist(median=200, sigma=0.8, low=1, high=10**9)
+    assert wide.mean() == pytest.approx(200 * math.exp(0.32), rel=1e-6)
+    assert LengthDist(100, 0.0, 1, 50).mean() == 50.0
+    with pytest.raises(ValueError):
+        LengthDist(100, 0.5, 10, 5)
+
+
+def test_poisson_gaps_are_exponential_at_the_rate() -> None:
+    times = poisson_times(4.0, 20_000, random.Random(2))
+    gaps = [b - a for a, b in zip([0.0, *times], times, strict=False)]
+    assert statistics.fmean(gaps) == pytest.approx(0.25, rel=0.03)
+    # exponential: the standard deviation equals the mean
+    assert statistics.pstdev(gaps) == pytest.approx(0.25, rel=0.05)
+    assert times == sorted(times)
+    with pytest.raises(ValueError):
+        poisson_times(0.0, 3, random.Random(0))
+
+
+def test_on_off_arrivals_follow_the_square_wave() -> None:
+    pattern = OnOff(on_rate=20.0, off_rate=1.0, on_s=5.0, off_s=10.0, cycles=200)
+    times = pattern.times(random.Random(3))
+    assert all(0 <= t < pattern.duration_s for t in times)
+    on = sum(1 for t in times if pattern.rate_at(t) == 20.0)
+    off = len(times) - on
+    assert on == pytest.approx(200 * 20 * 5, rel=0.03)
+    assert off == pytest.approx(200 * 1 * 10, rel=0.07)
+    assert len(times) == pytest.approx(pattern.expected_count(), rel=0.03)
+    silent = OnOff(on_rate=5.0, off_rate=0.0, on_s=1.0, off_s=3.0, cycles=3)
+    assert all(silent.rate_at(t) == 5.0 for t in silent.times(random.Random(4)))
+
+
+def test_workloads_repeat_exactly_from_their_seed() -> None:
+    lengths = LengthDist(300, 0.8, 16, 4000), LengthDist(200, 0.8, 16, 1024)
+    a = poisson_workload(2.0, 50, *lengths, seed=9)
+    assert a == poisson_workload(2.0, 50, *lengths, seed=9)
+    assert a != poisson_workload(2.0, 50, *lengths, seed=10)
+    assert len({x.output_tokens for x in a}) > 10  # mixed lengths, not one shape
+    pattern = OnOff(on_rate=10.0, off_rate=0.5, on_s=2.0, off_s=8.0, cycles=2)
+    assert onoff_workload(pattern, *lengths, seed=1) == onoff_workload(pattern, *lengths, seed=1)
+
+
+def test_rates_come_from_the_better_pool_at_the_saturation_batch() -> None:
+    # 1000 tok/s of decode, 250 tokens a request: 4 req/s of decode; 50 ms of prefill
+    # each: 1 / (0.25 + 0.05) req/s
+    assert openloop.capacity_req_s(1000.0, 250.0, 50.0) == pytest.approx(1 / 0.3)
+    s = openloop.OpenLoopSettings()
+    for profile in ("seed-coding", "h200-llama3-8b"):
+        cap = openloop.capacity(profile, s.inputs, s.outputs)
+        pools = cap["pools"]
+        # both profiles' baselines serve more at 64 requests (EAGLE is capped at 48)
+        assert cap["better"] == "baseline" and pools["eagle"]["batch"] == 48
+        assert cap["saturation_req_s"] == pools["baseline"]["req_s"] > pools["eagle"]["req_s"]
+        rates = openloop.rates_for(cap["saturation_req_s"], s.fractions)
+        assert len(rates) >= 5 and rates == sorted(rates)
+        assert rates[-1] == pytest.approx(0.9 * cap["saturation_req_s"], rel=1e-2)
+    _, loads = openloop.loads_of("seed-coding", s)
+    assert [ld.name for ld in loads][-1] == "burst"
+    assert all(len(ld.arrivals) == s.requests_per_rate for ld in loads if ld.rate is not None)
+
+
+def _row(load: str, tput: float, p50: float, ttft99: float, errors: int = 0
+         ) -> dict[str, Any]:
+    return {"load": load, "output_tok_s": tput, "e2e": {"p50": p50},
+            "ttft": {"p99": ttft99}, "errors": errors}
+
+
+def test_verdict_takes_the_better_pool_per_metric_and_checks_every_rate() -> None:
+    data = {
+        "loads": [{"name": "rate 1", "rate": 1.0}, {"name": "rate 2", "rate": 2.0},
+                  {"name": "burst", "rate": None}],
+        "configs": {
+            "eagle": {"loads": [_row("rate 1", 100, 1.0, 0.10), _row("rate 2", 150, 2.0, 0.2),
+                                _row("burst", 150, 2.0, 0.2)]},
+            "baseline": {"loads": [_row("rate 1", 90, 1.2, 0.05), _row("rate 2", 200, 1.5, 0.3),
+                                   _row("burst", 200, 1.5, 0.3)]},
+            # at the edge of every target at rate 1; misses latency at rate 2
+            "router": {"loads": [_row("rate 1", 97, 1.05, 0.055), _row("rate 2", 200, 1.6, 0.2),
+                                 _row("burst", 10, 9.0, 9.0)]},
+            "router-calibrated": {"loads": [_row("rate 1", 100, 1.0, 0.05),
+                                            _row("rate 2", 200, 1.5, 0.2, errors=1),
+                                            _row("burst", 200, 1.5, 0.2)]},
+        },
+    }
+    cmp = openloop.compare_profile(data)
+    first = cmp["rows"][0]
+    assert first["best"] == {"output_tok_s": 100, "e2e_p50": 1.0, "ttft_p99": 0.05}
+    edge = first["routers"]["router"]
+    assert edge["throughput_ratio"] == pytest.approx(0.97)
+    assert edge["latency_ratio"] == pytest.approx(1.05)
+    assert edge["ttft_p99_ratio"] == pytest.approx(1.1)
+    assert edge["meets"]
+    second = cmp["rows"][1]["routers"]
+    assert not second["router"]["meets_latency"] and second["router"]["meets_throughput"]
+    assert not second["router-calibrated"]["meets"]  # figures fine, but an error
+    # the burst is compared but not judged
+    assert not cmp["rows"][2]["routers"]["router"]["meets"]
+    assert cmp["verdict"]["router"] == {"rates": 2, "met": 1, "meets_all": False}
+    assert cmp["verdict"]["router-calibrated"]["met"] == 1
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_tiny_open_loop_run_end_to_end(tmp_path: Path) -> None:
+    before = _children()
+    s = openloop.OpenLoopSettings(
+        profiles=["seed-coding"], configs=["eagle", "router"],
+        fractions=[0.2, 0.8], requests_per_rate=4, profile_time_scales={"seed-coding": 0.05},
+        input_median=100, input_high=400, output_median=12, output_sigma=0.5, output_low=4,
+        output_high=24, burst_cycles=1, burst_on_arrivals=3, burst_off_arrivals=1,
+        calibrate=False, progress=False, out_dir=str(tmp_path))
+    result = openloop.run_openloop(s, log=lambda _: None)
+    data = result["profiles"]["seed-coding"]
+    _, loads = openloop.loads_of("seed-coding", s)
+    for config in ("eagle", "router"):
+        rows = data["configs"][config]["loads"]
+        assert [r["load"] for r in rows] == [ld.name for ld in loads]
+        for row, load in zip(rows, loads, strict=True):
+            assert row["errors"] == 0 and row["completed"] == len(load.arrivals)
+            # each request generated its own scheduled length (ignore_eos)
+            assert row["output_tokens"] == sum(a.output_tokens for a in load.arrivals)
+    assert set(data["configs"]["router"]["loads"][0]["by_pool"]) <= {"eagle", "baseline"}
+    assert "SPECROUTER_TELEMETRY__INTERVAL_S" in data["configs"]["router"]["env"]
+    verdict = result["comparison"]["seed-coding"]["verdict"]["router"]
+    assert verdict["rates"] == 2
+
+    results = {"openloop": result}
+    images = bench.make_plots(results, tmp_path / "img", tmp_path)
+    assert (tmp_path / images["openloop:seed-coding"]).stat().st_size > 1000
+    text = report.render(results, images, ["pytest"], "", "now", 1.0)
+    assert "## Open loop" in text and "| rate " in text and "| burst | router |" in text
+    assert "router (done-when): met every target at" in text
+    assert (tmp_path / "openloop-seed-coding-router.csv").read_text().count("\n") == 1 + sum(
+        len(ld.arrivals) for ld in loads)
+    assert _children() <= before
