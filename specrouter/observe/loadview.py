@@ -112,6 +112,8 @@ class GroupView:
 
     name: str
     backends: tuple[BackendView, ...]
+    # the group's sustained load (routing/learning.py); None where not tracked
+    sustained: float | None = None
 
     def servers(self, pool: Pool) -> tuple[BackendView, ...]:
         return tuple(b for b in self.backends if b.pool == pool)

@@ -12,13 +12,12 @@ moves it little, a load held for a few time constants moves it all the way.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from specrouter.observe.loadview import ACCEPT_MAX_AGE_S, BackendLoad, EngineSample, LoadView
 from specrouter.routing.costmodel import GroupCostModel
-from specrouter.routing.online import OnlineCostModel, step_ms
+from specrouter.routing.online import LearnedCostModel, OnlineCostModel, step_ms
 
 #: A window counts for a pool's curve when its engine had requests in flight this share of
 #: the window (SGLang's wall time would otherwise include idle gaps); for a mixed reading
@@ -46,6 +45,24 @@ class SustainedLoad:
         self.count, self.at = count, now if self.at is None else max(self.at, now)
 
 
+class LearnedModels(Mapping[str, GroupCostModel]):
+    """The groups' learned cost models, read at the time of each lookup."""
+
+    def __init__(self, learning: CostLearning, clock: Callable[[], float]) -> None:
+        self._learning, self._clock = learning, clock
+
+    def __getitem__(self, group: str) -> GroupCostModel:
+        if group not in self._learning.groups:
+            raise KeyError(group)
+        return self._learning.model(group, self._clock())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._learning.groups)
+
+    def __len__(self) -> int:
+        return len(self._learning.groups)
+
+
 class CostLearning:
     """Per group: its online cost model and its sustained load. One event loop."""
 
@@ -59,6 +76,10 @@ class CostLearning:
         self._sustained = {g: SustainedLoad(sustained_s) for g in groups}
         self._windows: dict[str, tuple[float, float]] = {}  # backend -> (rate, first seen)
 
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return tuple(self._learners)
+
     def seed(self, models: Mapping[str, GroupCostModel]) -> None:
         """Configured models become the strong prior of their groups' learners."""
         for group, model in models.items():
@@ -66,7 +87,7 @@ class CostLearning:
                 self._learners[group] = OnlineCostModel(
                     model, half_life_s=self.half_life_s, prior_weight=self.prior_weight)
 
-    def model(self, group: str, now: float) -> GroupCostModel:
+    def model(self, group: str, now: float) -> LearnedCostModel:
         return self._learners[group].model(now)
 
     def learner(self, group: str) -> OnlineCostModel:
@@ -75,10 +96,11 @@ class CostLearning:
     def sustained(self, group: str, now: float) -> float:
         return self._sustained[group].at_time(now)
 
-    def describe(self, group: str, now: float, accept_length: float) -> dict[str, Any]:
-        return {**self._learners[group].describe(now, accept_length),
-                "sustained_load": round(self.sustained(group, now), 3),
-                "sustained_s": self._sustained[group].tau_s}
+    def models(self, seeds: Mapping[str, GroupCostModel],
+               clock: Callable[[], float]) -> LearnedModels:
+        """Every group's learned model at `clock()`, `seeds` seeding theirs."""
+        self.seed(seeds)
+        return LearnedModels(self, clock)
 
     # -- feeds ---------------------------------------------------------------------------
 

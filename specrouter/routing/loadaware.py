@@ -74,7 +74,8 @@ class LoadAwareRouter:
         self.monitor = monitor
         self._policy = policy
         self._metrics = metrics
-        self._cost_models = dict(cost_models or {})
+        # each group's online cost model, a configured one seeding it
+        self._cost_models = monitor.learning.models(cost_models or {}, monitor.clock)
         self._rng = rng if rng is not None else random.Random()
         self._clock = monitor.clock
         self._by_name = {b.name: b for b in monitor.backends}
@@ -186,7 +187,7 @@ class LoadAwareRouter:
         pending = BackendView(name=_ARRIVING, pool="baseline", healthy=False,
                               inflight=int(share), engine=share, telemetry_age=0.0,
                               stale=False, accept_length=None, accept_seen_at=None)
-        return tuple(GroupView(g.name, (*g.backends, pending)) for g in groups)
+        return tuple(GroupView(g.name, (*g.backends, pending), g.sustained) for g in groups)
 
     def _hints(self, policy: Policy, request: RequestInfo) -> Hints:
         if not policy.allow_client_override:

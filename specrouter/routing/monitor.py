@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from specrouter.backends import Backend
@@ -60,11 +61,14 @@ class BackendMonitor:
             return name not in exclude and health.healthy(name, now)
 
         groups = self.view.snapshot(now, usable)
-        return groups if self.cluster is None else self.cluster.merged(groups)
+        if self.cluster is not None:
+            groups = self.cluster.merged(groups)
+        return tuple(replace(g, sustained=self.learning.sustained(g.name, now)) for g in groups)
 
     def group(self, name: str, now: float) -> GroupView:
         """One group with this replica's own counts."""
-        return self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
+        view = self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
+        return replace(view, sustained=self.learning.sustained(name, now))
 
     def acquire(self, key: int, backend: str) -> None:
         now = self.clock()

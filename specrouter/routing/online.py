@@ -29,6 +29,7 @@ Each pool's curve is a weighted least-squares fit with exponential forgetting (h
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,22 @@ class LearnedPool:
                 "batch_range": None if self.batch_range is None else list(self.batch_range)}
 
 
+@dataclass(frozen=True)
+class LearnedCostModel(GroupCostModel):
+    """A group cost model with what it was learned from (GET /policy shows it)."""
+
+    pools: Mapping[Pool, LearnedPool] = field(default_factory=dict)
+    seeded: bool = False
+    mixing_ratio: float | None = None
+    mixed_readings: int = 0
+
+    def describe(self, accept_length: float) -> dict[str, Any]:
+        return {"seeded": self.seeded, "pools": {p: v.as_dict() for p, v in self.pools.items()},
+                "mixing_ratio": None if self.mixing_ratio is None else round(self.mixing_ratio, 3),
+                "mixed_readings": self.mixed_readings,
+                "crossover": self.crossover(accept_length)}
+
+
 class OnlineCostModel:
     """The learner of one group. Mutable; one event loop."""
 
@@ -133,7 +150,7 @@ class OnlineCostModel:
             "baseline": None if seed is None else seed.baseline_max_batch}
         self.mixing: float | None = None  # observed mixed round / predicted sum
         self.mixed_readings = 0
-        self._cache: tuple[float, GroupCostModel] | None = None
+        self._cache: tuple[float, LearnedCostModel] | None = None
 
     # -- readings ------------------------------------------------------------------------
 
@@ -173,6 +190,7 @@ class OnlineCostModel:
         ratio = round_ms / predicted
         self.mixing = ratio if self.mixing is None else 0.8 * self.mixing + 0.2 * ratio
         self.mixed_readings += 1
+        self._cache = None
 
     def note_max_batch(self, pool: Pool, max_running: int | None) -> None:
         """The engine's max running requests as its telemetry reports it."""
@@ -182,38 +200,25 @@ class OnlineCostModel:
 
     # -- the model -----------------------------------------------------------------------
 
-    def model(self, now: float, accept_length: float | None = None) -> GroupCostModel:
+    def model(self, now: float, accept_length: float | None = None) -> LearnedCostModel:
         """The group's cost model as learned by `now` (readings decayed to then)."""
         if self._cache is not None and self._cache[0] == now:
             return self._cache[1]
         for fit in self._fits.values():
             fit.decay(now, self.half_life_s)
         e, b = self._curves()
-        model = GroupCostModel(b, e, self.nominal_accept_length, self.max_batch["baseline"],
-                               self.max_batch["eagle"])
+        pools: dict[Pool, LearnedPool] = {
+            pool: LearnedPool(curve, fit.readings, fit.weight, self.prior_weight,
+                              None if fit.readings == 0 else (fit.low, fit.high))
+            for pool, curve, fit in _by_pool(e, b, self._fits)}
+        model = LearnedCostModel(b, e, self.nominal_accept_length, self.max_batch["baseline"],
+                                 self.max_batch["eagle"], pools, self.seed is not None,
+                                 self.mixing, self.mixed_readings)
         self._cache = (now, model)
         return model
 
-    def learned(self, now: float) -> dict[Pool, LearnedPool]:
-        m = self.model(now)
-        out: dict[Pool, LearnedPool] = {}
-        curves: tuple[tuple[Pool, StepCurve], ...] = (("eagle", m.eagle), ("baseline", m.baseline))
-        for pool, curve in curves:
-            fit = self._fits[pool]
-            out[pool] = LearnedPool(curve, fit.readings, fit.weight, self.prior_weight,
-                                    None if fit.readings == 0 else (fit.low, fit.high))
-        return out
-
-    def describe(self, now: float, accept_length: float) -> dict[str, Any]:
-        """What GET /policy shows of the learner."""
-        m = self.model(now)
-        return {
-            "seeded": self.seed is not None, "half_life_s": self.half_life_s,
-            "pools": {p: v.as_dict() for p, v in self.learned(now).items()},
-            "mixing_ratio": None if self.mixing is None else round(self.mixing, 3),
-            "mixed_readings": self.mixed_readings,
-            "crossover": m.crossover(accept_length),
-        }
+    def learned(self, now: float) -> Mapping[Pool, LearnedPool]:
+        return self.model(now).pools
 
     def _seed_curve(self, pool: Pool) -> StepCurve:
         assert self.seed is not None
@@ -259,6 +264,11 @@ class OnlineCostModel:
             a = 1e-3 * max(r0 / a00, 1e-3)
             b = max(0.0, (r1 - a * a01) / a11)
         return PolyCurve(a, b)
+
+
+def _by_pool(e: StepCurve, b: StepCurve, fits: Mapping[Pool, _Fit]
+              ) -> tuple[tuple[Pool, StepCurve, _Fit], ...]:
+    return (("eagle", e, fits["eagle"]), ("baseline", b, fits["baseline"]))
 
 
 def _transfer(curve: PolyCurve, to: Pool) -> PolyCurve:

@@ -61,5 +61,6 @@ def decide(
     if policy.mode != "auto":
         return fixed(policy.mode, "forced_mode")
     strategy = STRATEGIES[policy.strategy]
-    decision = strategy.decide(policy, Situation(group, state, load, now, cost_model))
+    decision = strategy.decide(policy, Situation(group, state, load, now, cost_model,
+                                                 group.sustained))
     return replace(decision, recalls=True) if strategy.recalls else decision

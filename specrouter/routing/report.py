@@ -10,6 +10,7 @@ from typing import Any
 from specrouter.observe.loadview import GroupView
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.decision import GroupState, Hints, NoHealthyPool
+from specrouter.routing.online import LearnedCostModel
 from specrouter.routing.policy import Policy
 from specrouter.routing.pool_choice import decide
 
@@ -21,8 +22,9 @@ def group_report(
     now: float,
     cost_model: GroupCostModel | None = None,
 ) -> dict[str, Any]:
-    """Load, what a new request would get now and why, and (with a cost model) both
-    pools' predictions and the crossover. The decision's new state is discarded."""
+    """Load (instant and sustained), what a new request would get now and why, and (with
+    a cost model) both pools' predictions and the crossover; with a learned model what
+    it learned. The decision's new state is discarded."""
     report: dict[str, Any] = {
         "group": group.name, "load": group.load(policy.load_signal),
         "state": state.as_dict(),
@@ -43,6 +45,9 @@ def group_report(
         preds = cost_model.predictions(report["load"] + 1, used)
         report["predictions"] = {p: v.as_dict() for p, v in preds.items()}
         report["crossover"] = cost_model.crossover(used)
+        if isinstance(cost_model, LearnedCostModel):
+            report["learned"] = cost_model.describe(used)
+    report["sustained_load"] = group.sustained
     return report
 
 

@@ -163,4 +163,8 @@ def test_assembled_router_reports_the_configured_model_on_policy() -> None:
     assert groups["gpu0"]["accept_length_used"] == groups["gpu0"]["nominal_accept_length"] == 2.5
     assert groups["gpu0"]["crossover"] == pytest.approx(44.4, abs=0.1)
     assert set(groups["gpu0"]["predictions"]) == {"eagle", "baseline"}
-    assert "predictions" not in groups["gpu1"] and groups["gpu1"]["reason"] == "goodput_no_model"
+    # the configured model seeds gpu0's online model; gpu1 learns from the prior alone
+    assert groups["gpu0"]["learned"]["seeded"] is True
+    assert groups["gpu1"]["learned"]["seeded"] is False
+    assert groups["gpu1"]["learned"]["pools"]["eagle"]["prior_share"] == 1.0
+    assert groups["gpu1"]["reason"].startswith("goodput_")

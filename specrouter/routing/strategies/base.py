@@ -31,13 +31,15 @@ class PolicyParams(Protocol):
 @dataclass(frozen=True)
 class Situation:
     """One group at the moment of a decision; `load` is its load under the policy's
-    signal, the new request not included."""
+    signal, the new request not included; `sustained` its sustained load (None: not
+    tracked)."""
 
     group: GroupView
     state: GroupState
     load: float
     now: float
     cost_model: GroupCostModel | None = None
+    sustained: float | None = None
 
 
 class Strategy(Protocol):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from specrouter.routing.strategies.base import Strategy
 from specrouter.routing.strategies.goodput import Goodput
+from specrouter.routing.strategies.online import Online
 from specrouter.routing.strategies.overflow import Overflow
 from specrouter.routing.strategies.threshold import Threshold
 
@@ -19,4 +20,5 @@ STRATEGIES: Mapping[str, Strategy] = {s.name: s for s in (
     Threshold(),
     Overflow(),
     Goodput(),
+    Online(),
 )}

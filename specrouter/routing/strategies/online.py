@@ -1,0 +1,107 @@
+"""`online`: the group's pool follows its sustained load, priced by the online cost model.
+
+The model (`routing/online.py`) is learned from the group's own telemetry, so no
+calibration is needed; a configured cost model seeds it. The decision reads the group's
+sustained load S (a time-weighted average, `routing/learning.py`), not the instantaneous
+count: a light open-loop load that overlaps two requests now and then keeps its pool,
+since sending the overlap to the other server would run both servers of the shared GPU
+at once, each round then costing both engines' steps.
+
+By Little's law the current pool at S carries a demand of lambda = S x (tokens per
+request per ms). The other pool would carry the same demand at the load L' where its
+throughput equals lambda; the group switches when the other pool's time per output token
+at L' beats the current pool's at S by `online_margin` (a switch back to EAGLE-3 also
+waits `online_min_dwell_s` since the last switch). A burst that clearly exceeds EAGLE-3
+moves at once: the instantaneous load beyond its batch cap, or the baseline ahead at the
+instantaneous load by `online_burst_margin`.
+
+Without a cost model it decides as `threshold` (reason `online_no_model`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specrouter.backends import Pool, other_pool
+from specrouter.routing.costmodel import GroupCostModel
+from specrouter.routing.decision import Decision
+from specrouter.routing.strategies.base import PolicyParams, Situation
+from specrouter.routing.strategies.threshold import Threshold
+
+#: Loads searched for the other pool's matching load.
+MAX_LOAD = 4096.0
+
+
+class OnlineParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # a switch on sustained load needs the other pool's time per token lower by this share
+    online_margin: float = Field(default=0.05, ge=0, lt=1)
+    # a burst moves EAGLE-3's group at once when the baseline leads at the instantaneous
+    # load by this share
+    online_burst_margin: float = Field(default=0.25, ge=0, lt=1)
+    # a switch back to EAGLE-3 comes at least this long after the group's last switch
+    online_min_dwell_s: float = Field(default=2.0, ge=0)
+
+
+def gain(model: GroupCostModel, pool: Pool, load: float, accept: float) -> float:
+    """The share of time per output token the other pool saves over `pool` at the demand
+    `pool` carries at `load` (negative: `pool` is better; -1: the other pool cannot
+    carry the demand)."""
+    here = model.predict(pool, load, accept)
+    demand = here.throughput_tok_s
+    other = other_pool(pool)
+    if model.predict(other, MAX_LOAD, accept).throughput_tok_s < demand:
+        return -1.0
+    lo, hi = 0.0, MAX_LOAD
+    for _ in range(40):  # throughput grows with load: bisection
+        mid = 0.5 * (lo + hi)
+        if model.predict(other, mid, accept).throughput_tok_s < demand:
+            lo = mid
+        else:
+            hi = mid
+    there = model.predict(other, hi, accept)
+    return 1.0 - there.tpot_ms / here.tpot_ms
+
+
+class Online:
+    name = "online"
+    params = OnlineParams
+    reasons = ("online_eagle", "online_baseline", "online_hold_eagle", "online_hold_baseline",
+               "online_dwell_baseline", "online_burst", "online_no_model")
+    recalls = True
+    uses_cost_model = True
+
+    def calibrated(self, crossover: float | None, top_level: int) -> dict[str, Any]:
+        """Nothing to set: a calibration seeds the cost model instead."""
+        return {}
+
+    def decide(self, policy: PolicyParams, at: Situation) -> Decision:
+        model = at.cost_model
+        if model is None:
+            return replace(Threshold().decide(policy, at), reason="online_no_model")
+        p = policy.params(OnlineParams)
+        state = at.state
+        accept = state.accept.ewma if state.accept.ewma is not None else (
+            model.nominal_accept_length)
+        current = state.pool
+        preds = model.predictions(at.load + 1, accept)
+        if current == "eagle":
+            cap = model.eagle_max_batch
+            if ((cap is not None and at.load + 1 > cap)
+                    or gain(model, "eagle", at.load + 1, accept) > p.online_burst_margin):
+                return Decision("baseline", "online_burst",
+                                state.switched("baseline", at.now), at.load, preds)
+        sustained = at.load if at.sustained is None else at.sustained
+        g = gain(model, current, max(1.0, sustained), accept)
+        if g <= 0:
+            return Decision(current, f"online_{current}", state, at.load, preds)
+        if g <= p.online_margin:
+            return Decision(current, f"online_hold_{current}", state, at.load, preds)
+        best = other_pool(current)
+        if best == "eagle" and at.now - state.since < p.online_min_dwell_s:
+            return Decision(current, f"online_dwell_{current}", state, at.load, preds)
+        return Decision(best, f"online_{best}", state.switched(best, at.now), at.load, preds)

@@ -1,0 +1,66 @@
+"""The `online` strategy: sustained load, Little's law and the burst path (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from specrouter.routing.costmodel import GroupCostModel, PolyCurve
+from specrouter.routing.decision import GroupState, Hints
+from specrouter.routing.policy import Policy
+from specrouter.routing.pool_choice import decide
+from specrouter.routing.strategies.online import gain
+from tests.routing.helpers import group
+
+# seed-coding-like lines (crossover 2.7 at accept 2.0) and H200-like (crossover ~44 at 2.5)
+SEED = GroupCostModel(PolyCurve(20.0, 0.87), PolyCurve(33.0, 4.33), 2.0, 256, 48)
+H200 = GroupCostModel(PolyCurve(5.1, 0.066), PolyCurve(6.5, 0.33), 2.5, 256, 48)
+POLICY = Policy(strategy="online")
+
+
+def pick(model: GroupCostModel, load: int, sustained: float | None, pool: str = "eagle",
+         now: float = 100.0, since: float = 0.0) -> tuple[str, str]:
+    g = replace(group(eagle=load if pool == "eagle" else 0,
+                      base=load if pool == "baseline" else 0), sustained=sustained)
+    state = GroupState(pool, since)  # type: ignore[arg-type]
+    d = decide(POLICY, g, state, Hints(), now, model)
+    return d.pool, d.reason
+
+
+def test_gain_is_littles_law_at_the_same_demand() -> None:
+    # on EAGLE-3 at 1 request the baseline is slower per token: negative gain
+    assert gain(SEED, "eagle", 1.0, 2.0) < 0
+    # at a sustained 8 the baseline carries the same tokens at a lower load, faster
+    assert gain(SEED, "eagle", 8.0, 2.0) > 0.2
+    assert gain(H200, "eagle", 8.0, 2.5) < 0 < gain(H200, "eagle", 80.0, 2.5)
+
+
+def test_short_overlaps_stay_on_the_active_pool() -> None:
+    # two requests overlap now, the group's sustained load is 0.6: EAGLE-3 keeps them
+    assert pick(SEED, 1, 0.6) == ("eagle", "online_eagle")
+    # the same instant at a sustained load of 6 moves the group
+    assert pick(SEED, 1, 6.0) == ("baseline", "online_baseline")
+
+
+def test_a_burst_beyond_eagle_moves_at_once() -> None:
+    assert pick(H200, 48, 2.0) == ("baseline", "online_burst")  # the batch cap
+    assert pick(SEED, 12, 0.5) == ("baseline", "online_burst")  # far past the crossover
+
+
+def test_back_to_eagle_after_the_dwell_and_only_when_sustained_load_falls() -> None:
+    assert pick(SEED, 0, 6.0, pool="baseline") == ("baseline", "online_baseline")
+    assert pick(SEED, 0, 0.5, pool="baseline", now=1.0, since=0.0) == (
+        "baseline", "online_dwell_baseline")
+    assert pick(SEED, 0, 0.5, pool="baseline", now=10.0, since=0.0) == ("eagle", "online_eagle")
+
+
+def test_without_a_model_it_decides_as_threshold() -> None:
+    d = decide(POLICY, group(eagle=20), GroupState(), Hints(), 0.0, None)
+    assert (d.pool, d.reason) == ("baseline", "online_no_model")
+
+
+@pytest.mark.parametrize("sustained", [0.0, 0.5, 3.0, 30.0, 300.0])
+def test_h200_stays_on_eagle_below_its_crossover(sustained: float) -> None:
+    pool, _ = pick(H200, 0, sustained)
+    assert pool == ("eagle" if sustained < 40 else "baseline")
