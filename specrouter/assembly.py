@@ -70,7 +70,8 @@ def build_product(
     monitor = BackendMonitor(backends, health, settings.telemetry, state)
     router = LoadAwareRouter(
         monitor, holder, settings.admission, metrics=metrics,
-        cost_models=settings.group_cost_models() if cost_models is None else cost_models)
+        cost_models=settings.group_cost_models() if cost_models is None else cost_models,
+        affinity=settings.affinity)
     metrics.attach(router.live_metrics)
     admin = AdminApi(holder, router.live_view, settings.admin_token,
                      settings.admin_max_body_bytes)

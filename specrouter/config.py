@@ -248,6 +248,51 @@ class AdmissionSettings(_Section):
     recall_unstarted: bool = True
 
 
+class AffinitySettings(_Section):
+    """Prefix and session affinity (specrouter.routing.affinity, docs/policy.md).
+
+    Each SGLang server caches the prompts it prefilled (its radix cache, as big as its KV
+    pool); a request sent to another server prefills its whole prompt again on a GPU both
+    servers of a group share. The router keeps an approximate index of the prompt blocks
+    it sent to each backend, bounded by that server's KV pool (`cache_tokens`, or
+    `cache_tokens_by_backend[name]`), and prices a move in prefill time
+    (`prefill_ms_per_token`, the profile's per-token prefill cost: 0.021 ms for an 8B
+    model on an H200) against the load difference (`load_ms` per request in flight) and,
+    for an EAGLE-3 decision, against what EAGLE-3 saves on one answer
+    (`expected_output_tokens` x the cost model's per-token saving, else
+    `eagle_saving_ms_per_token`). A client names a conversation with the `x-session-id`
+    header. `bytes_per_token` converts body bytes into tokens.
+    """
+
+    enabled: bool = True
+    block_bytes: int = Field(default=2048, ge=256, le=1 << 20)
+    bytes_per_token: float = Field(default=4.0, gt=0, le=64)
+    cache_tokens: int = Field(default=400_000, ge=1)
+    cache_tokens_by_backend: dict[str, int] = Field(default_factory=dict)
+    max_sessions: int = Field(default=100_000, ge=1)
+    prefill_ms_per_token: float = Field(default=0.021, ge=0, le=100)
+    load_ms: float = Field(default=50.0, ge=0)
+    balance_abs: float = Field(default=8.0, ge=0)
+    balance_rel: float = Field(default=2.0, ge=1)
+    expected_output_tokens: int = Field(default=256, ge=0)
+    eagle_saving_ms_per_token: float = Field(default=2.0, ge=0)
+
+    @field_validator("block_bytes")
+    @classmethod
+    def _block_multiple(cls, value: int) -> int:
+        if value % 8:
+            raise ValueError(f"block_bytes must be a multiple of 8, got {value}")
+        return value
+
+    @field_validator("cache_tokens_by_backend")
+    @classmethod
+    def _positive_caches(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = sorted(k for k, v in value.items() if v < 1)
+        if bad:
+            raise ValueError(f"cache_tokens_by_backend: {', '.join(bad)} must be at least 1")
+        return value
+
+
 class Settings(BaseSettings):
     """Everything `specrouter serve` needs; see the module docstring for precedence."""
 
@@ -274,6 +319,7 @@ class Settings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    affinity: AffinitySettings = Field(default_factory=AffinitySettings)
     # The policy in force at start-up; PUT/PATCH /policy change it at run time.
     policy: Policy = Field(default_factory=Policy)
     # Bearer token for policy writes; none configured means writes are refused.
@@ -326,6 +372,11 @@ class Settings(BaseSettings):
         if unknown:
             raise ValueError(f"cost_models: no GPU group named {', '.join(unknown)} "
                              f"(groups: {', '.join(self.group_names())})")
+        stray = sorted(set(self.affinity.cache_tokens_by_backend)
+                       - {b.name for b in self.backends})
+        if stray:
+            raise ValueError(f"affinity.cache_tokens_by_backend: no backend named "
+                             f"{', '.join(stray)}")
         if self.workers > 1 and self.redis_url is None:
             raise ValueError(
                 f"workers: {self.workers} workers need shared state: set SPECROUTER_REDIS_URL "

@@ -108,6 +108,9 @@ class RouterMetrics:
         self.recalls = Counter(f"{PREFIX}_recalls",
                                "EAGLE-3 streams recalled before their first byte and sent "
                                "to the baseline pool, by group", ["group"], registry=r)
+        self.affinity = Counter(f"{PREFIX}_affinity", "Requests with a prompt prefix or "
+                                "session key, by whether they went to a backend believed to "
+                                "hold part of it (hit) or not (miss)", ["result"], registry=r)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
                               "Time to the first streamed byte of a response, per pool",
                               ["pool"], buckets=LATENCY_BUCKETS, registry=r)
@@ -142,6 +145,9 @@ class RouterMetrics:
 
     def observe_upstream_error(self, backend: str) -> None:
         self._child(self.upstream_errors, backend).inc()
+
+    def observe_affinity(self, hit: bool) -> None:
+        self._child(self.affinity, "hit" if hit else "miss").inc()
 
     def observe_request(self, pool: str, backend: str, status: int,
                         ttft_s: float | None, e2e_s: float) -> None:

@@ -113,6 +113,7 @@ class Proxy:
         # a stream's first event with one of these statuses is retried like the status
         self.event_retry_statuses = self.retry_statuses | {503}
         self.set_rid = settings.upstream.abort_abandoned
+        self.affinity = settings.affinity if settings.affinity.enabled else None
         self.prober = ShadowProber(router, upstreams, settings.timeouts.total)
         self.abandoner = Abandoner(router, upstreams, abort=settings.upstream.abort_abandoned,
                                    hold_s=settings.upstream.abandoned_hold_s)
@@ -141,7 +142,7 @@ class Proxy:
                                                              (b"connection", b"close")])
             return
         try:  # the body's bytes stay taken from the budget until the request ends
-            info = request_info(kind, scope["path"], body, head)
+            info = request_info(kind, scope["path"], body, head, self.affinity)
         except RouterError as err:
             await send_json(send, err.status, err.body(), [(REQUEST_ID, head.request_id)])
         else:

@@ -15,8 +15,10 @@ from starlette.types import Receive, Scope
 
 from specrouter import backends
 from specrouter.backends import Backend, Pool
+from specrouter.config import AffinitySettings
 from specrouter.errors import RouterError
 from specrouter.proxy.upstream import RawHeaders, RequestBody
+from specrouter.routing.affinity.keys import SESSION_HEADER, prefix_keys, session_key
 from specrouter.routing.router import RequestInfo
 
 HOP_BY_HOP = frozenset({
@@ -28,6 +30,7 @@ HOP_BY_HOP = frozenset({
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 REQUEST_ID = b"x-request-id"
 POOL_HEADER = backends.POOL_HEADER.encode()  # the wire form of the one name
+_SESSION = SESSION_HEADER.encode()
 
 
 class RouteKind(enum.Enum):
@@ -49,6 +52,7 @@ class RequestHead:
     request_id: bytes
     content_length: int | None
     pool_header: str | None
+    session: str | None = None  # the client's session header (routing.affinity.keys)
 
     def upstream_headers(self, backend: Backend, request_id: bytes | None = None) -> RawHeaders:
         """Headers for one backend: its own API key replaces the client's credentials;
@@ -64,7 +68,7 @@ class RequestHead:
 
 def parse_head(scope: Scope) -> RequestHead:
     forward: RawHeaders = []
-    authorization = request_id = content_length = pool_header = None
+    authorization = request_id = content_length = pool_header = session = None
     connection_tokens: frozenset[bytes] = frozenset()
     for key, value in scope["headers"]:
         if key in _NOT_FORWARDED:
@@ -80,6 +84,8 @@ def parse_head(scope: Scope) -> RequestHead:
             continue
         if key == POOL_HEADER:
             pool_header = value.decode("latin-1")
+        elif key == _SESSION:
+            session = value.decode("latin-1")
         forward.append((key, value))
     if connection_tokens:
         forward = [(k, v) for k, v in forward if k not in connection_tokens]
@@ -89,6 +95,7 @@ def parse_head(scope: Scope) -> RequestHead:
         request_id=valid_request_id(request_id),
         content_length=_parse_length(content_length),
         pool_header=pool_header,
+        session=session,
     )
 
 
@@ -252,13 +259,20 @@ def _peek(body: RequestBody) -> _Peek:
 
 
 def request_info(
-    kind: RouteKind, path: str, body: RequestBody, head: RequestHead
+    kind: RouteKind, path: str, body: RequestBody, head: RequestHead,
+    affinity: AffinitySettings | None = None,
 ) -> RequestInfo:
     """What routing sees of the request; a generation body that is not a JSON object is
-    refused here with 400."""
+    refused here with 400. With `affinity` (enabled), a generation also carries its
+    prompt's block keys and the client's session key."""
     if kind is RouteKind.GENERATE:
         peek = _peek(body)
         model = peek.model if isinstance(peek.model, str) else None
-        return RequestInfo(path, model, _streams(peek.stream), None, head.pool_header)
+        if affinity is None or not affinity.enabled:
+            return RequestInfo(path, model, _streams(peek.stream), None, head.pool_header)
+        return RequestInfo(
+            path, model, _streams(peek.stream), None, head.pool_header,
+            prefix=prefix_keys(body, affinity.block_bytes, affinity.bytes_per_token),
+            session=session_key(head.session))
     pool: Pool | None = "baseline" if kind is RouteKind.OTHER_V1 else None
     return RequestInfo(path, None, False, pool, head.pool_header)

@@ -15,9 +15,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from specrouter.backends import POOL_HEADER, Backend, Pool, other_pool
-from specrouter.config import AdmissionSettings
+from specrouter.config import AdmissionSettings, AffinitySettings
 from specrouter.errors import RouterError
 from specrouter.observe.loadview import BackendView, GroupView, LoadSignal
+from specrouter.routing.affinity.pricing import hold_pool
+from specrouter.routing.affinity.tracker import (
+    AffinityTracker,
+    group_affinity,
+    prices_of,
+    tracker_of,
+)
 from specrouter.routing.arrivals import GENERATION_PATHS, ArrivalWindow
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.decision import (
@@ -34,6 +41,7 @@ from specrouter.routing.pool_choice import decide, fold_accept
 from specrouter.routing.recall import RecallRegistry
 from specrouter.routing.report import BackendLive, LiveMetrics, group_report
 from specrouter.routing.router import NoBackendAvailable, Probe, RequestInfo, Target
+from specrouter.routing.strategies.registry import STRATEGIES
 
 _ARRIVING = "(arriving)"
 
@@ -48,6 +56,8 @@ class DecisionMetrics(Protocol):
     def observe_recall(self, group: str) -> None: ...
 
     def observe_upstream_error(self, backend: str) -> None: ...
+
+    def observe_affinity(self, hit: bool) -> None: ...
 
 
 class InvalidPoolHeader(RouterError):
@@ -69,6 +79,7 @@ class LoadAwareRouter:
         metrics: DecisionMetrics | None = None,
         cost_models: Mapping[str, GroupCostModel] | None = None,
         rng: random.Random | None = None,
+        affinity: AffinitySettings | None = None,
     ) -> None:
         admission = admission if admission is not None else AdmissionSettings()
         self.monitor = monitor
@@ -85,6 +96,10 @@ class LoadAwareRouter:
         self._recalls = RecallRegistry()
         self._states = {g: GroupState() for g in monitor.view.group_names()}
         monitor.on_accept = self._fold_accept
+        self._affinity: AffinityTracker | None = None
+        if affinity is not None and affinity.enabled:
+            self._affinity = tracker_of(affinity, [b.name for b in monitor.backends])
+            self._prices = prices_of(affinity)
 
     # -- the Router protocol ---------------------------------------------------------------
 
@@ -200,11 +215,18 @@ class LoadAwareRouter:
     def _decide(
         self, groups: tuple[GroupView, ...], policy: Policy, request: RequestInfo, now: float
     ) -> Target:
-        group = choose_group(groups, policy.load_signal, self._rng)
+        lookup = (None if self._affinity is None
+                  else self._affinity.lookup(request.prefix, request.session))
+        affinity = (None if lookup is None
+                    else group_affinity(lookup, groups, request.session, self._prices))
+        group = choose_group(groups, policy.load_signal, self._rng, affinity)
         if group is None:
             raise NoBackendAvailable("no healthy backend in any GPU group")
         decision = decide(policy, group, self._states[group.name], self._hints(policy, request),
                           now, self._cost_models.get(group.name))
+        held = lookup.held if lookup is not None else {}
+        if held and decision.reason in STRATEGIES[policy.strategy].reasons:
+            decision = hold_pool(decision, group, held, self._prices)
         recalls = self._recall_unstarted and decision.recalls
         if (recalls and self._states[group.name].pool == "eagle"
                 and decision.state.pool == "baseline"):
@@ -212,7 +234,12 @@ class LoadAwareRouter:
         self._states[group.name] = decision.state
         recall = (asyncio.Event() if recalls and decision.pool == "eagle" and request.stream
                   and not request.recalled else None)
-        backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal)
+        backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal,
+                                     held)
+        if self._affinity is not None and lookup is not None:
+            hit = self._affinity.record(request.prefix, request.session, backend.name, lookup)
+            if self._metrics is not None:
+                self._metrics.observe_affinity(hit)
         probe = None
         if decision.probe_tokens is not None:
             eagle = self._least_loaded(group.healthy_servers("eagle"), policy.load_signal)
@@ -235,7 +262,13 @@ class LoadAwareRouter:
                 return Target(group.name, wanted, backend, reason)
         raise NoBackendAvailable("no healthy backend in any GPU group")
 
-    def _least_loaded(self, backends: Sequence[BackendView], signal: LoadSignal) -> Backend:
+    def _least_loaded(self, backends: Sequence[BackendView], signal: LoadSignal,
+                      held: Mapping[str, float] | None = None) -> Backend:
+        """The least loaded of `backends`; with `held`, the one holding most of the
+        request's prompt first."""
+        if held:
+            best = min(backends, key=lambda b: (-held.get(b.name, 0.0), b.load(signal)))
+            return self._by_name[best.name]
         best = min(backends, key=lambda b: b.load(signal))
         return self._by_name[best.name]
 
@@ -266,6 +299,7 @@ class LoadAwareRouter:
                 for g in self.monitor.groups(now)
             ],
             "backends": [self.monitor.describe(b, now) for b in self.backends],
+            **({} if self._affinity is None else {"affinity": self._affinity.stats()}),
             **self.monitor.cluster_details(),
         }
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from specrouter.backends import Pool
 from specrouter.observe.loadview import GroupView
 from specrouter.routing.accept import AcceptParams, fold
+from specrouter.routing.affinity.pricing import AFFINITY_REASONS
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.decision import Decision, GroupState, Hints, NoHealthyPool
 from specrouter.routing.policy import Policy
@@ -20,9 +21,10 @@ from specrouter.routing.strategies.base import Situation
 from specrouter.routing.strategies.registry import STRATEGIES
 
 _SHARED_REASONS = ("client_override", "forced_mode", "eagle_unhealthy", "baseline_unhealthy")
-#: Every reason `decide` can give, checked by the property tests and listed in docs/policy.md.
+#: Every reason a pool decision can give (`decide`, then the affinity override), checked by
+#: the property tests and listed in docs/policy.md.
 REASONS: tuple[str, ...] = (
-    *_SHARED_REASONS, *(r for s in STRATEGIES.values() for r in s.reasons))
+    *_SHARED_REASONS, *(r for s in STRATEGIES.values() for r in s.reasons), *AFFINITY_REASONS)
 
 
 def fold_accept(policy: Policy, group: GroupView, state: GroupState,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specrouter.backends import Backend, Pool
+from specrouter.routing.affinity.keys import PrefixKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,9 @@ class RequestInfo:
     # the request was recalled from EAGLE-3 before its first byte (`Target.recall`): its
     # next target is final
     recalled: bool = False
+    # the prompt's block keys and the client's session key (routing.affinity.keys)
+    prefix: PrefixKeys | None = None
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,76 @@
+"""What was routed where: an approximate, per-backend index of prompt prefixes, and the
+backend each client session last went to.
+
+Like the SGLang model gateway's approximate radix tree (`--policy cache_aware`), the
+index records what the router sent, not what the engine holds. Each backend's index is
+bounded by that server's KV pool in tokens and evicts least recently used blocks, the
+longest prefixes first, as SGLang's radix cache evicts unreferenced leaves first; so the
+blocks kept for a backend are, to a good approximation, what its cache still holds.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from specrouter.routing.affinity.keys import PrefixKeys
+
+
+class PrefixIndex:
+    """The block keys routed to one backend, at most `capacity` blocks."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("a prefix index holds at least one block")
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def match(self, keys: Iterable[int]) -> int:
+        """How many leading blocks of `keys` the index holds."""
+        n = 0
+        for key in keys:
+            if key not in self._blocks:
+                break
+            n += 1
+        return n
+
+    def insert(self, keys: tuple[int, ...]) -> None:
+        """Record a prompt routed here: its blocks become the most recently used, the
+        shortest prefixes most of all (they are evicted last)."""
+        blocks = self._blocks
+        for key in reversed(keys[:self.capacity]):
+            if key in blocks:
+                blocks.move_to_end(key)
+            else:
+                blocks[key] = None
+        while len(blocks) > self.capacity:
+            blocks.popitem(last=False)
+
+
+class SessionTable:
+    """Session key -> (the backend its last request went to, that prompt's tokens), at
+    most `capacity` sessions, least recently seen dropped first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session: str) -> tuple[str, float] | None:
+        return self._sessions.get(session)
+
+    def put(self, session: str, backend: str, tokens: float) -> None:
+        self._sessions[session] = (backend, tokens)
+        self._sessions.move_to_end(session)
+        while len(self._sessions) > self.capacity:
+            self._sessions.popitem(last=False)
+
+
+def matched_tokens(index: PrefixIndex, prefix: PrefixKeys) -> float:
+    """Estimated prompt tokens `index` holds of `prefix`."""
+    return prefix.tokens(index.match(prefix.keys))

@@ -1,0 +1,91 @@
+"""Affinity keys of a request: a chain of hashes over the leading bytes of its prompt,
+and the client's session key.
+
+A multi-turn conversation resends its history: turn n+1's body starts with the bytes of
+turn n's prompt (the same messages, serialised the same way) and appends to them. The
+prompt is cut into blocks of `block_bytes` counted from the start of its prompt field
+(`"messages"`, `"prompt"`, `"text"` or `"input_ids"`, whichever comes first), and block
+i's key hashes block i and key i-1, so equal keys mean (up to a hash collision) equal
+prompts up to the end of that block. Fields before the prompt field do not count, so a
+client that writes `stream` or `max_tokens` first still matches.
+
+Cheap by construction: each block is hashed over every `STRIDE`-th byte (one C-level
+strided copy of the prompt, then one hash per block), so a 120 KB body costs tens of
+microseconds and the JSON is never parsed again. What the stride gives up: two prompts
+that differ only in bytes between sampled positions, with equal lengths, share a key.
+History is appended to, not edited in place, and an insertion or deletion shifts every
+later sample; such a false match costs one prefill on a backend that did not hold the
+prefix, as a miss does.
+
+The keys use Python's `hash`, salted per process: they are compared only inside one
+router process. Cross-replica agreement goes through the session key (`home_group`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Every STRIDE-th byte of the prompt is hashed.
+STRIDE = 8
+#: The client header that names a conversation (any token up to 128 printable bytes).
+SESSION_HEADER = "x-session-id"
+_MARKERS = (b'"messages"', b'"prompt"', b'"text"', b'"input_ids"')
+_SCAN = 4096  # the prompt field is looked for in the body's first bytes only
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixKeys:
+    """The chain of block keys of one prompt and its estimated size in tokens."""
+
+    keys: tuple[int, ...]
+    block_tokens: float  # tokens one block stands for
+    prompt_tokens: float  # estimated tokens of the whole prompt
+
+    def tokens(self, blocks: int) -> float:
+        """Estimated tokens of the first `blocks` blocks."""
+        return min(self.prompt_tokens, blocks * self.block_tokens)
+
+
+def prompt_start(body: bytes | bytearray) -> int:
+    """Offset of the prompt field's name in `body`, 0 when none is near the start."""
+    head = body[:_SCAN]
+    found = [i for i in (head.find(m) for m in _MARKERS) if i >= 0]
+    return min(found) if found else 0
+
+
+def prefix_keys(body: bytes | bytearray, block_bytes: int,
+                bytes_per_token: float) -> PrefixKeys | None:
+    """The block keys of a generation request's body; None when it is shorter than one
+    block (a short prompt is cheap to prefill anywhere)."""
+    start = prompt_start(body)
+    size = len(body) - start
+    if size < block_bytes:
+        return None
+    sample = bytes(body[start::STRIDE])
+    step = block_bytes // STRIDE
+    keys: list[int] = []
+    key = 0
+    for end in range(step, len(sample) + 1, step):
+        key = hash((key, sample[end - step:end]))
+        keys.append(key)
+    return PrefixKeys(tuple(keys), block_bytes / bytes_per_token, size / bytes_per_token)
+
+
+def session_key(value: str | None) -> str | None:
+    """The client's session key if it is a sane token, else None (it is never an error:
+    a bad key only loses affinity)."""
+    if value and len(value) <= 128 and value.isprintable() and " " not in value:
+        return value
+    return None
+
+
+def home_group(session: str, groups: Sequence[str]) -> str | None:
+    """The group a session belongs to by rendezvous hashing: the same in every router
+    replica for the same set of groups, and only the sessions of a group that leaves
+    move when the set changes."""
+    if not groups:
+        return None
+    key = session.encode() + b"\0"
+    return max(groups, key=lambda g: hashlib.blake2b(key + g.encode(), digest_size=8).digest())

@@ -1,0 +1,140 @@
+"""The router's affinity state: one prefix index per backend, the session table and the
+counts GET /policy and /metrics show. Runs on the router's event loop; not thread-safe.
+
+What holds across router replicas: each replica indexes only what it routed itself.
+Sessions that send a session key land in the same group from every replica (its home
+group, by rendezvous hashing over the groups) unless load moves them; requests without
+one are matched only by the replica that saw their earlier turns. The engines' caches
+are shared by all replicas, so a replica that does not know a prefix costs at most one
+miss per session before it learns it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specrouter.config import AffinitySettings
+from specrouter.observe.loadview import GroupView
+from specrouter.routing.affinity.index import PrefixIndex, SessionTable
+from specrouter.routing.affinity.keys import PrefixKeys, home_group
+from specrouter.routing.affinity.pricing import AffinityPrices, GroupAffinity
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """One request's affinity: per backend the prompt tokens it is believed to hold."""
+
+    held: Mapping[str, float]
+    prompt_tokens: float
+
+    @property
+    def any(self) -> bool:
+        return any(v > 0 for v in self.held.values())
+
+
+class AffinityTracker:
+    """See the module docstring. `capacity_tokens` bounds each backend's index."""
+
+    def __init__(self, backends: Iterable[str], capacity_tokens: Mapping[str, int],
+                 block_tokens: float, max_sessions: int) -> None:
+        self._indexes = {
+            b: PrefixIndex(max(1, int(capacity_tokens[b] / block_tokens))) for b in backends}
+        self._sessions = SessionTable(max_sessions)
+        self.hits = 0
+        self.misses = 0
+        self.held_tokens = 0.0
+        self.prompt_tokens = 0.0
+
+    def lookup(self, prefix: PrefixKeys | None, session: str | None) -> Lookup | None:
+        """What each backend holds of this request; None without a prefix or session."""
+        if prefix is None and session is None:
+            return None
+        held: dict[str, float] = {}
+        if prefix is not None:
+            for name, index in self._indexes.items():
+                n = index.match(prefix.keys)
+                if n:
+                    held[name] = prefix.tokens(n)
+        prompt = prefix.prompt_tokens if prefix is not None else 0.0
+        if session is not None:
+            seen = self._sessions.get(session)
+            if seen is not None and seen[0] in self._indexes:
+                backend, tokens = seen
+                credit = min(tokens, prompt) if prefix is not None else tokens
+                held[backend] = max(held.get(backend, 0.0), credit)
+                prompt = max(prompt, credit)
+        return Lookup(held, prompt)
+
+    def record(self, prefix: PrefixKeys | None, session: str | None, backend: str,
+               lookup: Lookup | None) -> bool:
+        """The request went to `backend`: index its prefix there and count a hit (the
+        backend was believed to hold some of it) or a miss. Returns whether it hit."""
+        index = self._indexes.get(backend)
+        if index is None:
+            return False
+        if prefix is not None:
+            index.insert(prefix.keys)
+        held = lookup.held.get(backend, 0.0) if lookup is not None else 0.0
+        prompt = lookup.prompt_tokens if lookup is not None else 0.0
+        if session is not None:
+            self._sessions.put(session, backend, prompt)
+        hit = held > 0
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1
+        self.held_tokens += held
+        self.prompt_tokens += prompt
+        return hit
+
+    def stats(self) -> dict[str, Any]:
+        """For GET /policy: hit share, the share of prompt tokens routed to a backend
+        believed to hold them, and each index's size against its bound."""
+        seen = self.hits + self.misses
+        return {
+            "requests": seen,
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_share": round(self.hits / seen, 4) if seen else None,
+            "held_token_share": (round(self.held_tokens / self.prompt_tokens, 4)
+                                 if self.prompt_tokens else None),
+            "sessions": len(self._sessions),
+            "index_blocks": {b: {"blocks": len(i), "capacity": i.capacity}
+                             for b, i in self._indexes.items()},
+        }
+
+
+def group_affinity(lookup: Lookup | None, groups: Sequence[GroupView], session: str | None,
+                   prices: AffinityPrices) -> GroupAffinity | None:
+    """The group choice's view of one request: per group the most prompt tokens one of
+    its healthy servers holds. When no server is believed to hold any and the client
+    named a session, the session's home group is priced as holding the whole prompt, so
+    every replica places a new session in the same group (load permitting)."""
+    if lookup is None:
+        return None
+    held: dict[str, float] = {}
+    for g in groups:
+        best = max((lookup.held.get(b.name, 0.0) for b in g.backends if b.healthy), default=0.0)
+        if best > 0:
+            held[g.name] = best
+    if not held and session is not None:
+        home = home_group(session, [g.name for g in groups if g.any_healthy])
+        if home is not None and lookup.prompt_tokens > 0:
+            held[home] = lookup.prompt_tokens
+    return GroupAffinity(held, lookup.prompt_tokens, prices) if held else None
+
+
+def prices_of(settings: AffinitySettings) -> AffinityPrices:
+    return AffinityPrices(
+        prefill_ms_per_token=settings.prefill_ms_per_token, load_ms=settings.load_ms,
+        balance_abs=settings.balance_abs, balance_rel=settings.balance_rel,
+        expected_output_tokens=settings.expected_output_tokens,
+        eagle_saving_ms_per_token=settings.eagle_saving_ms_per_token)
+
+
+def tracker_of(settings: AffinitySettings, backends: Sequence[str]) -> AffinityTracker:
+    caps = {b: settings.cache_tokens_by_backend.get(b, settings.cache_tokens) for b in backends}
+    return AffinityTracker(backends, caps, settings.block_bytes / settings.bytes_per_token,
+                           settings.max_sessions)

@@ -1,0 +1,53 @@
+"""The per-backend prefix index and the session table (specrouter.routing.affinity.index)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specrouter.routing.affinity.index import PrefixIndex, SessionTable, matched_tokens
+from specrouter.routing.affinity.keys import PrefixKeys
+
+
+def test_match_counts_leading_blocks_only() -> None:
+    index = PrefixIndex(100)
+    index.insert((1, 2, 3))
+    assert index.match((1, 2, 3, 4)) == 3
+    assert index.match((1, 2, 9, 3)) == 2
+    assert index.match((9, 1, 2)) == 0
+    assert matched_tokens(index, PrefixKeys((1, 2, 7), 256.0, 700.0)) == 512.0
+
+
+def test_the_bound_evicts_least_recent_prompts_longest_prefix_first() -> None:
+    index = PrefixIndex(5)
+    index.insert((1, 2, 3))  # session A
+    index.insert((7, 8))  # session B, more recent
+    assert len(index) == 5
+    index.insert((1, 2, 3, 4))  # A again, one block longer: B's deepest block goes first
+    assert len(index) == 5
+    assert index.match((1, 2, 3, 4)) == 4
+    assert index.match((7, 8)) == 1
+    index.insert((5, 6))
+    assert index.match((7, 8)) == 0
+    assert index.match((1, 2, 3, 4)) == 3  # the A chain lost its leaf, not its root
+
+
+def test_a_prompt_longer_than_the_bound_keeps_its_leading_blocks() -> None:
+    index = PrefixIndex(3)
+    index.insert(tuple(range(10)))
+    assert index.match(tuple(range(10))) == 3
+
+
+def test_the_bound_is_positive() -> None:
+    with pytest.raises(ValueError):
+        PrefixIndex(0)
+
+
+def test_session_table_keeps_the_most_recent_sessions() -> None:
+    table = SessionTable(2)
+    table.put("a", "b0", 100.0)
+    table.put("b", "b1", 200.0)
+    table.put("a", "b2", 300.0)  # refreshes a
+    table.put("c", "b0", 50.0)
+    assert table.get("b") is None
+    assert table.get("a") == ("b2", 300.0)
+    assert len(table) == 2

@@ -1,0 +1,83 @@
+"""What a held prefix is worth against load (specrouter.routing.affinity.pricing)."""
+
+from __future__ import annotations
+
+from specrouter.routing.affinity.pricing import (
+    AffinityPrices,
+    GroupAffinity,
+    eagle_saving_ms,
+    hold_pool,
+    switch_cost_ms,
+)
+from specrouter.routing.costmodel import PoolPrediction
+from specrouter.routing.decision import Decision, GroupState
+from tests.routing.helpers import group
+
+PRICES = AffinityPrices(prefill_ms_per_token=0.02, load_ms=50.0, balance_abs=8.0,
+                        balance_rel=2.0, expected_output_tokens=256,
+                        eagle_saving_ms_per_token=2.0)
+
+
+def test_a_held_prefix_is_worth_its_prefill_on_the_shared_gpu() -> None:
+    a = GroupAffinity({"g0": 30_000.0}, 31_000.0, PRICES)
+    # g0 holds 30k of 31k tokens at load 4; g1 holds nothing at load 2
+    assert a.cost("g0", 4.0, 2.0) == 1000 * 0.02 * 5 + 4 * 50
+    assert a.cost("g1", 2.0, 2.0) == 31_000 * 0.02 * 3 + 2 * 50
+    assert a.cost("g0", 4.0, 2.0) < a.cost("g1", 2.0, 2.0)
+
+
+def test_past_the_balance_guard_a_group_is_priced_as_holding_nothing() -> None:
+    a = GroupAffinity({"g0": 30_000.0}, 31_000.0, PRICES)
+    assert a.cost("g0", 2.0 * 3 + 8, 3.0) < a.cost("g0", 2.0 * 3 + 8.5, 3.0) / 10
+    assert a.cost("g0", 14.5, 3.0) == 31_000 * 0.02 * 15.5 + 14.5 * 50
+
+
+def test_with_nothing_held_the_less_loaded_group_is_cheaper() -> None:
+    a = GroupAffinity({}, 5000.0, PRICES)
+    assert a.cost("g0", 1.0, 1.0) < a.cost("g1", 2.0, 1.0)
+
+
+def decision(pool: str, load: float = 3.0,
+             predictions: dict[str, PoolPrediction] | None = None) -> Decision:
+    return Decision(pool, f"strategy_{pool}", GroupState(pool), load,  # type: ignore[arg-type]
+                    predictions, recalls=True)  # type: ignore[arg-type]
+
+
+def test_a_session_on_the_baseline_stays_when_moving_costs_more_than_eagle_saves() -> None:
+    g = group("g0")
+    held = {"g0-base": 30_000.0, "g0-eagle": 2_000.0}
+    out = hold_pool(decision("eagle"), g, held, PRICES)
+    # 28k tokens x 0.02 ms x (1 + 3) = 2240 ms against 256 x 2 ms = 512 ms
+    assert (out.pool, out.reason, out.recalls) == ("baseline", "affinity_hold_baseline", False)
+    assert out.state == GroupState("eagle")  # the group's own state is the strategy's
+
+
+def test_a_short_difference_moves_to_eagle() -> None:
+    out = hold_pool(decision("eagle"), group("g0"), {"g0-base": 5_000.0}, PRICES)
+    assert (out.pool, out.reason) == ("eagle", "strategy_eagle")
+
+
+def test_a_baseline_decision_is_always_followed() -> None:
+    out = hold_pool(decision("baseline"), group("g0"), {"g0-eagle": 90_000.0}, PRICES)
+    assert (out.pool, out.reason) == ("baseline", "strategy_baseline")
+
+
+def test_an_unhealthy_baseline_holds_nothing() -> None:
+    out = hold_pool(decision("eagle"), group("g0", base_ok=False), {"g0-base": 30_000.0},
+                    PRICES)
+    assert out.pool == "eagle"
+
+
+def pred(pool: str, tpot: float) -> PoolPrediction:
+    return PoolPrediction(pool, 3.0, 3.0, 10.0, 100.0, tpot)  # type: ignore[arg-type]
+
+
+def test_the_cost_models_saving_replaces_the_setting() -> None:
+    preds = {"eagle": pred("eagle", 4.0), "baseline": pred("baseline", 40.0)}
+    assert eagle_saving_ms(preds, PRICES) == 36.0 * 256  # type: ignore[arg-type]
+    # 2240 ms of prefill against 9216 ms saved: EAGLE-3 is worth the move
+    out = hold_pool(decision("eagle", predictions=preds), group("g0"),
+                    {"g0-base": 30_000.0, "g0-eagle": 2_000.0}, PRICES)
+    assert out.pool == "eagle"
+    assert eagle_saving_ms(None, PRICES) == 512.0
+    assert switch_cost_ms(-5.0, 3.0, PRICES) == 0.0
