@@ -50,6 +50,7 @@ class ServerSettings:
     group: str
     version: SglangVersion = V0_5_23
     priority_scheduling: bool = False
+    enable_cache_report: bool = False  # SGLang's --enable-cache-report
 
 
 @dataclass
@@ -78,6 +79,11 @@ class SimServer:
     @property
     def version(self) -> SglangVersion:
         return self.settings.version
+
+    def prompt_details(self, req: SimRequest) -> dict[str, Any] | None:
+        """usage.prompt_tokens_details as this release writes it."""
+        return protocol.cache_details(self.settings.enable_cache_report, req.cached,
+                                      self.version.cache_report_omits_zero)
 
     def run_in_background(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
@@ -204,6 +210,8 @@ class Generation:
             if n > 0:
                 self.consumed += n
                 piece = self._apply_stop(req.words.take(n))
+            if req.done and req.finish_reason != "abort":
+                self.server.engine.cache_output(req, self.text)
             if n > 0 or req.done:
                 self.last_output_real = self.server.engine.clock.real()
                 yield piece
@@ -309,7 +317,8 @@ async def _admit(server: SimServer, request: Request, parser: Parser
     stop_at = max_new if params.ignore_eos else min(max_new,
                                                     physics.sample_output_length(profile, rng))
     req = SimRequest(params.rid or engine.new_rid(), params.prompt_tokens, max_new, stop_at,
-                     WordStream(rng), engine.clock.real(), priority=params.priority)
+                     WordStream(rng), engine.clock.real(), priority=params.priority,
+                     blocks=params.blocks)
     gen = Generation(server, req, params)
     try:
         engine.submit(req)
@@ -344,7 +353,8 @@ def _cut_limit(server: SimServer) -> int | None:
     return server.faults.cut_stream_after_tokens
 
 
-Responder = Callable[[str, str, str, str, int | str | None, int, int], dict[str, Any]]
+Responder = Callable[[str, str, str, str, int | str | None, int, int, dict[str, Any] | None],
+                     dict[str, Any]]
 EventStream = Callable[[SimServer, Generation, str, str], AsyncIterator[bytes]]
 
 
@@ -364,7 +374,7 @@ async def _generate(request: Request, parser: Parser, respond: Responder,
         gen.observe()
         return json_response(respond(
             rid, model, gen.text, gen.finish_reason, gen.matched, gen.req.prompt_tokens,
-            gen.req.generated))
+            gen.req.generated, server.prompt_details(gen.req)))
     return EngineStream(server, gen, events(server, gen, rid, model))
 
 
@@ -386,7 +396,7 @@ def _usage_chunk(server: SimServer, gen: Generation, rid: str, model: str, creat
                  obj: str) -> bytes:
     return protocol.sse(protocol.usage_chunk(
         rid, model, created, obj, gen.req.prompt_tokens, gen.req.generated,
-        server.version.usage_has_completion_details))
+        server.version.usage_has_completion_details, server.prompt_details(gen.req)))
 
 
 async def _chat_events(server: SimServer, gen: Generation, rid: str, model: str
@@ -477,7 +487,8 @@ def _generate_body(server: SimServer, gen: Generation) -> dict[str, Any]:
             gen.finish_reason, gen.matched, req.generated)
     meta: dict[str, Any] = {
         "id": req.rid, "finish_reason": finish, "prompt_tokens": req.prompt_tokens,
-        "weight_version": "default", "completion_tokens": req.generated, "cached_tokens": 0,
+        "weight_version": "default", "completion_tokens": req.generated,
+        "cached_tokens": req.cached,
         "e2e_latency": (now - req.arrival_real) / server.engine.clock.time_scale,
     }
     if req.verify_steps > 0:  # tokenizer_manager.py:3148-3172
@@ -663,9 +674,11 @@ async def abort_request(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
-    """/flush_cache: resets the lifetime speculative counters (and the prefix cache)."""
+    """/flush_cache (http_server.py 0.5.23:1025-1040): an idle engine empties its prefix
+    cache and resets its metrics; a busy one answers 400 and flushes nothing."""
     server: SimServer = request.app.state.sim
-    server.engine.flush_cache()
+    if not server.engine.flush_cache():
+        return Response("Flush cache failed.\n", status_code=400, media_type="text/plain")
     return Response("Cache flushed.\nPlease check backend logs for more details. "
                     "(When there are running or waiting requests, the operation will not "
                     "be performed.)\n", status_code=200, media_type="text/plain")
@@ -738,6 +751,10 @@ def sim_state(server: SimServer) -> dict[str, Any]:
         "abort_times": list(c.abort_times), "monotonic_now": time.monotonic(),
         "requests": c.requests, "prompt_tokens": c.prompt_tokens,
         "generated_tokens": c.generated_tokens, "decode_steps": c.decode_steps,
+        "prefill_tokens": c.prefill_tokens, "cached_tokens": c.cached_tokens,
+        "cache_tokens": engine.cache.total_tokens,
+        "cache_evicted_tokens": engine.cache.evicted_tokens,
+        "cache_hit_rate": engine.cache_hit_rate,
         "prefill_steps": c.prefill_steps, "busy_sim_s": c.busy_sim_s,
         "gpu_busy_sim_s": engine.gpu.busy_sim_s, "sim_now": engine.clock.sim_now(),
         "time_scale": engine.clock.time_scale, "dropped_real_s": c.dropped_real_s,

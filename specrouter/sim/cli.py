@@ -42,6 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sglang-version", default=os.environ.get(VERSION_ENV) or DEFAULT_VERSION,
                         help=f"the SGLang release to imitate: {', '.join(sorted(VERSIONS))} "
                         f"(default: ${VERSION_ENV}, else {DEFAULT_VERSION})")
+    parser.add_argument("--enable-cache-report", action="store_true",
+                        help="SGLang's option: OpenAI usage carries "
+                        "prompt_tokens_details.cached_tokens")
+    parser.add_argument("--max-total-tokens", type=int, default=None,
+                        help="KV pool of every engine in tokens (SGLang's option), replacing "
+                        "the profile's kv_capacity_tokens; it bounds the prefix cache")
+    parser.add_argument("--eagle-max-total-tokens", type=int, default=None,
+                        help="KV pool of the EAGLE-3 engine only (the memory split of a pair)")
+    parser.add_argument("--baseline-max-total-tokens", type=int, default=None,
+                        help="KV pool of the baseline engine only")
     parser.add_argument("--enable-priority-scheduling", action="store_true",
                         help="SGLang's option: /metrics adds priority labels (the queue gauges "
                         "as a total under priority=\"\" plus one series per priority)")
@@ -59,9 +69,21 @@ def _specs(args: argparse.Namespace) -> list[EngineSpec]:
     return [EngineSpec("eagle", args.eagle_port), EngineSpec("baseline", args.baseline_port)]
 
 
+def _pools(args: argparse.Namespace, specs: list[EngineSpec]) -> dict[str, int]:
+    pools: dict[str, int] = {}
+    for spec in specs:
+        value = getattr(args, f"{spec.kind}_max_total_tokens", None) or args.max_total_tokens
+        if value is not None:
+            if value < 1:
+                raise ValueError("--max-total-tokens values must be >= 1")
+            pools[spec.kind] = value
+    return pools
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         specs = _specs(args)
+        pools = _pools(args, specs)
         if args.time_scale <= 0:
             raise ValueError("--time-scale must be > 0")
         profile = load_profile(args.profile)
@@ -76,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
                            max_queued_requests=args.max_queued_requests,
                            max_running_requests=args.max_running_requests,
                            version=version,
-                           priority_scheduling=args.enable_priority_scheduling))
+                           priority_scheduling=args.enable_priority_scheduling,
+                           enable_cache_report=args.enable_cache_report,
+                           max_total_tokens=pools))
     except OSError as exc:
         print(f"specrouter sim: {exc}", file=sys.stderr)
         return 1

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 from specrouter.sim import physics
 from specrouter.sim.gpu import SharedGpu
+from specrouter.sim.prefix import Blocks
 from specrouter.sim.profile import EngineDefaults, Profile
+from specrouter.sim.radix import Node, RadixCache
 from specrouter.sim.text import WordStream
 
 LOADS_PUBLISH_STEPS = 15  # SGLang --load-snapshot-publish-interval default
@@ -57,12 +59,24 @@ class SimRequest:
     counted: bool = True  # False for /health's request (SGLang: log_metrics=False)
     verify_steps: int = 0  # EAGLE verify steps this request took part in
     correct_drafts: int = 0  # draft tokens accepted (the bonus token is not a draft)
+    blocks: Blocks | None = None  # the prompt's prefix keys; None: never cached (/health)
+    cached: int = 0  # prompt tokens found in the prefix cache at admission
+    cache_node: Node | None = None  # the cached prefix this request holds locked
+    in_tree: bool = False  # the whole prompt is in the prefix cache (prefill done)
     event: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def kv_reserve(self) -> int:
+        """KV tokens this request holds outside the prefix cache, reserved at admission: its
+        uncached prompt until prefill puts the prompt in the cache, plus the output share."""
         new = min(self.max_new_tokens, KV_RESERVE_NEW_TOKEN_CAP) * KV_RESERVE_NEW_TOKEN_RATIO
-        return self.prompt_tokens + math.ceil(new)
+        prompt = 0 if self.in_tree else self.prompt_tokens - self.cached
+        return prompt + math.ceil(new)
+
+    @property
+    def private_used(self) -> int:
+        """KV tokens in use outside the prefix cache: computed uncached prompt and output."""
+        return (0 if self.in_tree else self.prefilled - self.cached) + self.generated
 
     @property
     def done(self) -> bool:
@@ -89,6 +103,7 @@ class Snapshot:
     waiting_by_priority: dict[str, int] = field(default_factory=dict)
     prefill_tokens: int = 0
     prefill_busy_us: int = 0
+    cache_hit_rate: float = 0.0  # cached / (cached + computed) tokens of the last prefill batch
     at_sim: float = 0.0
     timestamp: float = 0.0  # time.time() when built: the server clock
 
@@ -105,7 +120,8 @@ class Counters:
     decode_steps: int = 0
     prefill_steps: int = 0
     busy_sim_s: float = 0.0
-    prefill_tokens: int = 0  # prompt tokens prefilled (no prefix cache: all uncached)
+    prefill_tokens: int = 0  # prompt tokens computed by prefill (the uncached ones)
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache
     prefill_busy_sim_s: float = 0.0
     dropped_real_s: float = 0.0
     max_late_real_s: float = 0.0
@@ -146,6 +162,10 @@ class Engine:
         self.limits = limits
         self.max_queued_requests = max_queued_requests
         self.rng = self._sampler(seed)
+        self.cache = RadixCache()
+        self.cache_hit_rate = 0.0  # of the last prefill batch (SGLang's per-report value)
+        # 0.5.10's decode log writes a 0.0 cache_hit_rate; 0.5.23's keeps the prefill value
+        self.decode_log_clears_hit_rate = False
         self.waiting: deque[SimRequest] = deque()
         self.prefilling: list[SimRequest] = []
         self.running: list[SimRequest] = []
@@ -209,9 +229,16 @@ class Engine:
         for req in list(self.by_rid.values()):
             self.abort(req)
 
-    def flush_cache(self) -> None:
-        """/flush_cache: SGLang resets its speculative counters (metrics_reporter.py:709-715)."""
+    def flush_cache(self) -> bool:
+        """/flush_cache: an idle scheduler empties its prefix cache and resets its metrics,
+        speculative counters included; a busy one does nothing and says so (scheduler.py
+        0.5.23:5518-5547, metrics_reporter.py:709-715)."""
+        if not self.idle:
+            return False
+        self.cache = RadixCache()
+        self.cache_hit_rate = 0.0
         self.spec = SpecCounters()
+        return True
 
     # --- the wedged-scheduler fault --------------------------------------------------------
     @property
@@ -248,6 +275,7 @@ class Engine:
             self.running.remove(req)
         req.state = "done"
         req.finish_reason = "abort"
+        self._release(req)
         self.by_rid.pop(req.rid, None)
         self.counters.aborted += 1
         self.counters.abort_times.append(time.monotonic())
@@ -262,6 +290,7 @@ class Engine:
             self.running.remove(req)
         req.state = "done"
         req.finish_reason = reason
+        self._release(req)
         self.by_rid.pop(req.rid, None)
         self.counters.finished += 1
         req.event.set()
@@ -327,8 +356,32 @@ class Engine:
         return len(self.waiting) + sum(1 for r in self.prefilling if r.prefilled == 0)
 
     def used_tokens(self) -> int:
+        """SGLang's num_used_tokens: the pool minus free and evictable tokens, i.e. the
+        locked prefixes plus what running requests hold outside the cache."""
         active = itertools.chain(self.running, self.prefilling)
-        return sum(r.prefilled + r.generated for r in active)
+        return self.cache.protected_tokens + sum(r.private_used for r in active)
+
+    # --- the prefix cache ------------------------------------------------------------------
+    def _release(self, req: SimRequest) -> None:
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+            req.cache_node = None
+
+    def cache_output(self, req: SimRequest, text: str) -> None:
+        """A finished request's answer joins its prompt in the cache (SGLang's
+        cache_finished_req keeps prompt and output KV in the tree), spelled as the next turn
+        of the same conversation spells it. The handler calls this with the final text."""
+        if req.blocks is None or not req.in_tree or req.finish_reason == "abort" or not text:
+            return
+        chain = req.blocks.with_output(text)
+        self.cache.insert(chain.keys, chain.tokens, self.clock.sim_now())
+        self._fit_cache()
+
+    def _fit_cache(self) -> None:
+        over = (self.cache.total_tokens + self._reserved_tokens()
+                - self.limits.kv_capacity_tokens)
+        if over > 0:
+            self.cache.evict(over)
 
     def _reserved_tokens(self) -> int:
         return sum(r.kv_reserve for r in itertools.chain(self.running, self.prefilling))
@@ -383,28 +436,53 @@ class Engine:
             self.counters.max_late_real_s = max(self.counters.max_late_real_s, -delay)
 
     def _admit(self) -> None:
+        """FCFS admission while a batch slot and KV space are free. The head request's prompt
+        is matched against the prefix cache (at most all but its last token, as SGLang's
+        _compute_max_prefix_len, schedule_batch.py:1766-1785) and the match is locked; KV
+        space is what neither the cache nor running requests hold, plus what evicting
+        unlocked prefixes frees."""
+        cache, cap = self.cache, self.limits.kv_capacity_tokens
         reserved = self._reserved_tokens()
         while self.waiting and self.num_running < self.limits.max_running_requests:
             req = self.waiting[0]
-            if reserved + req.kv_reserve > self.limits.kv_capacity_tokens and self.num_running:
+            node: Node | None = None
+            req.cached = 0
+            if req.blocks is not None:
+                node, m = cache.match(req.blocks.keys, self.clock.sim_now())
+                req.cached = max(0, min(sum(req.blocks.tokens[:m]), req.prompt_tokens - 1))
+                cache.lock(node)
+            need = req.kv_reserve
+            free = cap - cache.total_tokens - reserved
+            if need > free:
+                free += cache.evict(need - free)
+            if need > free and self.num_running:
+                if node is not None:
+                    cache.unlock(node)
+                req.cached = 0
                 break  # wait for KV space; an empty engine admits even an oversized request
             self.waiting.popleft()
             req.state = "prefill"
+            req.cache_node = node
+            req.prefilled = req.cached
             self.prefilling.append(req)
-            reserved += req.kv_reserve
+            reserved += need
             if req.counted:
                 self.counters.admitted += 1
+                self.counters.cached_tokens += req.cached
 
     def _plan_prefill(self) -> tuple[list[tuple[SimRequest, int]], float]:
         budget = self.profile.chunked_prefill_size
         chunk: list[tuple[SimRequest, int]] = []
-        tokens = 0
+        tokens = hits = 0
         for req in self.prefilling:
             take = min(req.prompt_tokens - req.prefilled, budget - tokens)
             if take <= 0:
                 break
+            if req.prefilled == req.cached:  # its first chunk: its cache hit counts here
+                hits += req.cached
             chunk.append((req, take))
             tokens += take
+        self.cache_hit_rate = hits / (hits + tokens) if hits + tokens else 0.0
         return chunk, physics.prefill_ms(self.profile, tokens, self.is_eagle)
 
     def _apply_prefill(self, chunk: list[tuple[SimRequest, int]], end: float) -> None:
@@ -413,10 +491,24 @@ class Engine:
                 continue
             req.prefilled += take
             if req.prefilled >= req.prompt_tokens:
+                self._prompt_to_cache(req)
                 self.prefilling.remove(req)
                 req.state = "running"
                 self.running.append(req)
                 self._emit(req, 1, end)  # prefill yields the first token
+
+    def _prompt_to_cache(self, req: SimRequest) -> None:
+        """Prefill done: the prompt's KV moves into the cache, locked by this request until
+        it ends (SGLang's cache_unfinished_req), so concurrent requests with the same prefix
+        hit it from now on."""
+        if req.blocks is None:
+            return
+        node, _ = self.cache.insert(req.blocks.keys, req.blocks.tokens, self.clock.sim_now())
+        self.cache.lock(node)
+        self._release(req)
+        req.cache_node = node
+        req.in_tree = True
+        self._fit_cache()
 
     def _apply_decode(self, batch: list[SimRequest], end: float) -> None:
         model = self._current_accept_model() if self.is_eagle else None
@@ -460,6 +552,7 @@ class Engine:
             self.running.remove(req)
             req.state = "done"
             req.finish_reason = "length" if req.generated >= req.max_new_tokens else "stop"
+            self._release(req)
             self.by_rid.pop(req.rid, None)
             if req.counted:
                 self.counters.finished += 1
@@ -496,6 +589,8 @@ class Engine:
             stats.window_accept_length = self.spec.fold()
         self._tokens_since_snapshot = 0
         self._last_snapshot_sim = now
+        if self.decode_log_clears_hit_rate:
+            self.cache_hit_rate = 0.0
         self.gauges = self._snapshot(stats)
 
     def live_snapshot(self) -> Snapshot:
@@ -516,6 +611,7 @@ class Engine:
             waiting_by_priority=_by_priority(waiting),
             prefill_tokens=self.counters.prefill_tokens,
             prefill_busy_us=round(self.counters.prefill_busy_sim_s * 1e6),
+            cache_hit_rate=self.cache_hit_rate,
             at_sim=self.clock.sim_now(), timestamp=time.time())
 
 

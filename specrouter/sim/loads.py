@@ -77,7 +77,8 @@ def _core(engine: Engine, snap: Snapshot) -> dict[str, Any]:
         "num_running_reqs": snap.num_running_reqs, "num_waiting_reqs": snap.num_waiting_reqs,
         "num_used_tokens": snap.num_used_tokens, "max_total_num_tokens": cap,
         "token_usage": round(snap.num_used_tokens / cap, 4),
-        "gen_throughput": round(snap.gen_throughput, 2), "cache_hit_rate": 0.0,
+        "gen_throughput": round(snap.gen_throughput, 2),
+        "cache_hit_rate": round(snap.cache_hit_rate, 4),
         "utilization": round(snap.num_running_reqs / limit, 4),
         "max_running_requests": limit,
     }

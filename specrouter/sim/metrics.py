@@ -101,7 +101,7 @@ class EngineMetrics(Collector):
             ("sglang:num_used_tokens", "The number of used tokens.", g.num_used_tokens),
             ("sglang:token_usage", "The token usage.", g.num_used_tokens / cap),
             ("sglang:gen_throughput", "The generation throughput (token/s).", g.gen_throughput),
-            ("sglang:cache_hit_rate", "The prefix cache hit rate.", 0.0),
+            ("sglang:cache_hit_rate", "The prefix cache hit rate.", g.cache_hit_rate),
             ("sglang:spec_accept_length", "The average acceptance length of speculative decoding.",
              g.window_accept_length),
             ("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.",

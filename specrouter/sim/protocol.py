@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from specrouter.sim import prefix
 from specrouter.sim.text import chat_prompt_tokens, count_text_tokens
 
 EOS_TOKEN_ID = 128009  # Llama-3 <|eot_id|>: what SGLang reports as matched_stop on EOS
@@ -55,6 +56,7 @@ class GenParams:
     model: str
     rid: str | None = None  # the caller's request id (SGLang's `rid` field)
     priority: int | None = None
+    blocks: prefix.Blocks | None = None  # the prompt's prefix-cache keys
 
 
 def _opt_int(body: dict[str, Any], key: str) -> int | None:
@@ -119,7 +121,8 @@ def parse_chat(body: Any, chars_per_token: float, default_model: str) -> GenPara
     key = json.dumps(messages, sort_keys=True, default=str)
     return GenParams(chat_prompt_tokens(messages, chars_per_token), key, max_tokens,
                      _bool(body, "ignore_eos"), _stop(body.get("stop")), _bool(body, "stream"),
-                     _include_usage(body), str(body.get("model") or default_model))
+                     _include_usage(body), str(body.get("model") or default_model),
+                     blocks=prefix.chat_prompt(messages, chars_per_token))
 
 
 def parse_completion(body: Any, chars_per_token: float, default_model: str) -> GenParams:
@@ -130,15 +133,18 @@ def parse_completion(body: Any, chars_per_token: float, default_model: str) -> G
         prompt = prompt[0]
     if isinstance(prompt, str):
         tokens = count_text_tokens(prompt, chars_per_token)
+        blocks = prefix.text_prompt(prompt, chars_per_token)
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         tokens = len(prompt)
+        blocks = prefix.ids_prompt(prompt)
     else:
         raise BadRequest("prompt: Field required (a string, or a list of token ids)")
     _n_is_one(body)
     max_tokens = _opt_int(body, "max_tokens")
     return GenParams(tokens, json.dumps(prompt), 16 if max_tokens is None else max_tokens,
                      _bool(body, "ignore_eos"), _stop(body.get("stop")), _bool(body, "stream"),
-                     _include_usage(body), str(body.get("model") or default_model))
+                     _include_usage(body), str(body.get("model") or default_model),
+                     blocks=blocks)
 
 
 def parse_generate(body: Any, chars_per_token: float, default_model: str) -> GenParams:
@@ -147,8 +153,10 @@ def parse_generate(body: Any, chars_per_token: float, default_model: str) -> Gen
     text, ids = body.get("text"), body.get("input_ids")
     if isinstance(text, str):
         tokens, key = count_text_tokens(text, chars_per_token), text
+        blocks = prefix.text_prompt(text, chars_per_token)
     elif isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids):
         tokens, key = len(ids), json.dumps(ids)
+        blocks = prefix.ids_prompt(ids)
     else:
         raise BadRequest("Either text or input_ids should be provided.")
     params = body.get("sampling_params") or {}
@@ -157,7 +165,7 @@ def parse_generate(body: Any, chars_per_token: float, default_model: str) -> Gen
     max_new = _opt_int(params, "max_new_tokens")
     return GenParams(tokens, key, 128 if max_new is None else max_new,
                      _bool(params, "ignore_eos"), _stop(params.get("stop")), _bool(body, "stream"),
-                     False, default_model)
+                     False, default_model, blocks=blocks)
 
 
 def _rid(body: dict[str, Any]) -> str | None:
@@ -183,14 +191,26 @@ def _n_is_one(body: dict[str, Any]) -> None:
 
 # --- responses -------------------------------------------------------------------------------
 
-def usage(prompt: int, completion: int, completion_details: bool = False) -> dict[str, Any]:
-    """UsageInfo; 0.5.23 adds completion_tokens_details (protocol.py:221-229)."""
+def usage(prompt: int, completion: int, completion_details: bool = False,
+          prompt_details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """UsageInfo; 0.5.23 adds completion_tokens_details (protocol.py:221-229).
+    `prompt_details` is `{"cached_tokens": N}` with --enable-cache-report (cache_details)."""
     out: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
-                           "completion_tokens": completion, "prompt_tokens_details": None,
-                           "reasoning_tokens": 0}
+                           "completion_tokens": completion,
+                           "prompt_tokens_details": prompt_details, "reasoning_tokens": 0}
     if completion_details:
         out["completion_tokens_details"] = None
     return out
+
+
+def cache_details(enabled: bool, cached: int, omit_zero: bool) -> dict[str, Any] | None:
+    """UsageInfo.prompt_tokens_details: None without --enable-cache-report; with it
+    PromptTokensDetails(cached_tokens=N), multimodal fields dropped (0.5.23
+    usage_processor.py:37-44, protocol.py:195-213); 0.5.10 leaves it None when N is 0
+    (usage_processor.py 0.5.10:13-15)."""
+    if not enabled or (omit_zero and cached <= 0):
+        return None
+    return {"cached_tokens": cached}
 
 
 def matched_stop(finish_reason: str, stop_str: str | None) -> int | str | None:
@@ -200,7 +220,8 @@ def matched_stop(finish_reason: str, stop_str: str | None) -> int | str | None:
 
 
 def chat_response(rid: str, model: str, text: str, finish: str, matched: int | str | None,
-                  prompt: int, completion: int) -> dict[str, Any]:
+                  prompt: int, completion: int,
+                  prompt_details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{
@@ -210,7 +231,7 @@ def chat_response(rid: str, model: str, text: str, finish: str, matched: int | s
             "logprobs": None, "finish_reason": finish, "matched_stop": matched,
             "hidden_states": None,
         }],
-        "usage": usage(prompt, completion),
+        "usage": usage(prompt, completion, prompt_details=prompt_details),
         "metadata": {"weight_version": "default"},
     }
 
@@ -239,13 +260,13 @@ def chat_chunk(rid: str, model: str, created: int, delta: dict[str, Any],
 
 
 def completion_response(rid: str, model: str, text: str, finish: str,
-                        matched: int | str | None, prompt: int,
-                        completion: int) -> dict[str, Any]:
+                        matched: int | str | None, prompt: int, completion: int,
+                        prompt_details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                      "matched_stop": matched, "hidden_states": None}],
-        "usage": usage(prompt, completion),
+        "usage": usage(prompt, completion, prompt_details=prompt_details),
         "metadata": {"weight_version": "default"},
     }
 
@@ -261,9 +282,10 @@ def completion_chunk(rid: str, model: str, created: int, text: str,
 
 
 def usage_chunk(rid: str, model: str, created: int, obj: str, prompt: int,
-                completion: int, completion_details: bool = False) -> dict[str, Any]:
+                completion: int, completion_details: bool = False,
+                prompt_details: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(prompt, completion, completion_details)}
+            "usage": usage(prompt, completion, completion_details, prompt_details)}
 
 
 def generate_finish(finish: str, matched: int | str | None, completion: int) -> dict[str, Any]:

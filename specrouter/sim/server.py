@@ -103,7 +103,11 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
                       max_queued_requests: int | None = None,
                       max_running_requests: int | None = None,
                       version: SglangVersion = V0_5_23,
-                      priority_scheduling: bool = False) -> None:
+                      priority_scheduling: bool = False,
+                      enable_cache_report: bool = False,
+                      max_total_tokens: dict[str, int] | None = None) -> None:
+    """`max_total_tokens` maps an engine kind to its KV pool in tokens (SGLang's
+    --max-total-tokens), replacing the profile's kv_capacity_tokens."""
     clock = SimClock(time_scale)
     gpu = SharedGpu(clock)
     servers: list[_Server] = []
@@ -113,10 +117,14 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
         limits = profile.eagle if spec.kind == "eagle" else profile.baseline
         if max_running_requests is not None:
             limits = EngineDefaults(max_running_requests, limits.kv_capacity_tokens)
+        if max_total_tokens and spec.kind in max_total_tokens:
+            limits = EngineDefaults(limits.max_running_requests, max_total_tokens[spec.kind])
         engine = Engine(f"{group}-{spec.kind}", spec.kind, profile, gpu, seed, limits,
                         max_queued_requests)
+        engine.decode_log_clears_hit_rate = version.decode_log_clears_hit_rate
         settings = ServerSettings(host, spec.port, served_model_name or profile.served_model_name,
-                                  api_key, seed, group, version, priority_scheduling)
+                                  api_key, seed, group, version, priority_scheduling,
+                                  enable_cache_report)
         sim = SimServer(engine, settings, group_servers=group_servers)
         group_servers[spec.kind] = sim
         config = uvicorn.Config(build_app(sim), host=host, port=spec.port, loop="none",
