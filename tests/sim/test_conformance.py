@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.sim import SimGroup
+from tests.fixtures.sim import SimEngine, SimGroup
 
 CONFORMANCE = Path(__file__).parent / "conformance"
 VERSIONS = ("0.5.23", "0.5.10")
@@ -143,3 +143,17 @@ def test_queue_full_matches_the_release(sim_group: Callable[..., SimGroup], vers
                       json={**body, "stream": True}, timeout=10) as response:
         assert response.status_code == 200
         assert response.read().decode() == samples["queue_full_stream"]["text"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_cache_report_usage_matches_the_release(
+        version: str, sim_engine: Callable[..., SimEngine]) -> None:
+    engine = sim_engine("baseline", time_scale=0.02, sglang_version=version,
+                        extra_args=("--enable-cache-report",))
+    body = {"model": "m", "messages": CHAT, "max_tokens": 4, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    _events(engine.url, "/v1/chat/completions", body)
+    usage = _events(engine.url, "/v1/chat/completions", body)[-1]  # the same prompt: a hit
+    assert_same_shape(usage, _samples(version)["chat_usage_chunk_cache_report"]["sample"])
+    assert usage["usage"]["prompt_tokens_details"]["cached_tokens"] == \
+        usage["usage"]["prompt_tokens"] - 1  # all but the last token (SGLang's match limit)
