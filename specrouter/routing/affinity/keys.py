@@ -56,13 +56,13 @@ def prompt_start(body: bytes | bytearray) -> int:
 
 
 def prefix_keys(body: bytes | bytearray, block_bytes: int,
-                bytes_per_token: float) -> PrefixKeys | None:
-    """The block keys of a generation request's body; None when it is shorter than one
-    block (a short prompt is cheap to prefill anywhere)."""
+                bytes_per_token: float) -> PrefixKeys:
+    """The block keys of a generation request's body (none when it is shorter than one
+    block: a short prompt is cheap to prefill anywhere)."""
     start = prompt_start(body)
     size = len(body) - start
     if size < block_bytes:
-        return None
+        return PrefixKeys((), block_bytes / bytes_per_token, size / bytes_per_token)
     sample = bytes(body[start::STRIDE])
     step = block_bytes // STRIDE
     keys: list[int] = []

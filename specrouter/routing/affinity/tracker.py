@@ -52,7 +52,7 @@ class AffinityTracker:
         if prefix is None and session is None:
             return None
         held: dict[str, float] = {}
-        if prefix is not None:
+        if prefix is not None and prefix.keys:
             for name, index in self._indexes.items():
                 n = index.match(prefix.keys)
                 if n:

@@ -24,9 +24,7 @@ def chat(turns: int, system: str = "You are a coding agent. " * 200, **extra: ob
 
 
 def keys(body: bytes) -> tuple[int, ...]:
-    k = prefix_keys(body, BLOCK, 4.0)
-    assert k is not None
-    return k.keys
+    return prefix_keys(body, BLOCK, 4.0).keys
 
 
 def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -65,7 +63,6 @@ def test_an_insertion_early_in_the_history_changes_every_later_key() -> None:
 def test_size_and_tokens() -> None:
     body = chat(3)
     k = prefix_keys(body, BLOCK, 4.0)
-    assert k is not None
     size = len(body) - prompt_start(body)
     assert len(k.keys) == size // BLOCK
     assert k.prompt_tokens == size / 4.0
@@ -73,9 +70,11 @@ def test_size_and_tokens() -> None:
     assert k.tokens(10_000) == k.prompt_tokens
 
 
-def test_a_prompt_shorter_than_one_block_has_no_keys() -> None:
-    assert prefix_keys(b'{"model":"m","messages":[{"role":"user","content":"hi"}]}',
-                       BLOCK, 4.0) is None
+def test_a_prompt_shorter_than_one_block_has_no_keys_but_a_size() -> None:
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
+    k = prefix_keys(body, BLOCK, 4.0)
+    assert k.keys == ()
+    assert k.prompt_tokens == (len(body) - body.index(b'"messages"')) / 4.0
 
 
 def test_completion_and_generate_prompts_are_keyed_from_their_field() -> None:

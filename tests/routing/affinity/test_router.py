@@ -1,0 +1,138 @@
+"""LoadAwareRouter with affinity, in process: sessions stay where their prefix is, and a
+session on the baseline stays there when the group returns to EAGLE-3."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from specrouter.backends import Backend
+from specrouter.config import AdmissionSettings, AffinitySettings, HealthSettings, TelemetrySettings
+from specrouter.control.holder import LocalPolicyHolder
+from specrouter.observe.breaker import BreakerConfig
+from specrouter.observe.health import HealthChecker
+from specrouter.routing.affinity.keys import prefix_keys
+from specrouter.routing.loadaware import LoadAwareRouter
+from specrouter.routing.monitor import BackendMonitor
+from specrouter.routing.policy import Policy
+from specrouter.routing.router import RequestInfo, Target
+
+TWO_GROUPS = [Backend("g0-e", "http://h:1", "eagle", "g0"),
+              Backend("g0-b", "http://h:2", "baseline", "g0"),
+              Backend("g1-e", "http://h:3", "eagle", "g1"),
+              Backend("g1-b", "http://h:4", "baseline", "g1")]
+SETTINGS = AffinitySettings(block_bytes=1024)
+
+
+class Hits:
+    def __init__(self) -> None:
+        self.affinity: list[bool] = []
+        self.reasons: list[str] = []
+
+    def observe_decision(self, pool: str, reason: str) -> None:
+        self.reasons.append(reason)
+
+    def observe_probe(self, backend: str) -> None: ...
+
+    def observe_recall(self, group: str) -> None: ...
+
+    def observe_upstream_error(self, backend: str) -> None: ...
+
+    def observe_affinity(self, hit: bool) -> None:
+        self.affinity.append(hit)
+
+
+def make(affinity: AffinitySettings | None, strategy: str = "threshold",
+         **policy: object) -> tuple[LoadAwareRouter, Hits]:
+    health = HealthChecker(TWO_GROUPS, HealthSettings(enabled=False),
+                           BreakerConfig(failure_threshold=2, cooldown_s=5.0,
+                                         success_threshold=1), clock=lambda: 0.0)
+    monitor = BackendMonitor(TWO_GROUPS, health, TelemetrySettings(enabled=False),
+                             clock=lambda: 0.0)
+    hits = Hits()
+    holder = LocalPolicyHolder(Policy.model_validate({"strategy": strategy, **policy}))
+    router = LoadAwareRouter(monitor, holder,
+                             AdmissionSettings(arrival_window_ms=0), metrics=hits,
+                             rng=random.Random(7), affinity=affinity)
+    return router, hits
+
+
+def turn(session: int, n: int, header: str | None = None) -> RequestInfo:
+    messages = [{"role": "system", "content": "You are a coding agent. " * 100},
+                {"role": "user", "content": f"repository {session}: " + "src/x.py " * 9000}]
+    for i in range(n):
+        messages += [{"role": "assistant", "content": f"step {i} " * 50},
+                     {"role": "user", "content": f"tool result {i} " * 80}]
+    body = json.dumps({"messages": messages, "model": "m"}).encode()
+    return RequestInfo("/v1/chat/completions", "m", True,
+                       prefix=prefix_keys(body, SETTINGS.block_bytes, SETTINGS.bytes_per_token),
+                       session=header)
+
+
+def run_sessions(router: LoadAwareRouter) -> int:
+    """8 sessions of 6 turns, interleaved, each turn in flight for a random while (so
+    the loads differ at every decision); returns how many turns moved."""
+    last: dict[int, str] = {}
+    moves = 0
+    inflight: list[Target] = []
+    rng = random.Random(3)
+    for n in range(6):
+        for s in range(8):
+            target = router.choose(turn(s, n))
+            router.acquire(target)
+            inflight.append(target)
+            if s in last and last[s] != target.backend.name:
+                moves += 1
+            last[s] = target.backend.name
+            while inflight and rng.random() < 0.5:
+                router.release(inflight.pop(rng.randrange(len(inflight))))
+    return moves
+
+
+def test_multi_turn_sessions_stay_on_their_backend() -> None:
+    router, hits = make(SETTINGS)
+    assert run_sessions(router) == 0
+    assert all(hits.affinity[8:])  # every turn after the first
+    stats = router.live_view()["affinity"]
+    assert stats["hit_share"] == round(hits.affinity.count(True) / 48, 4)
+    assert sum(v["blocks"] for v in stats["index_blocks"].values()) > 0
+    # the sessions spread over both groups
+    assert {b: v["blocks"] > 0 for b, v in stats["index_blocks"].items()}["g1-e"]
+
+
+def test_without_affinity_the_same_sessions_move() -> None:
+    router, hits = make(None)
+    assert run_sessions(router) > 0
+    assert hits.affinity == []
+    assert "affinity" not in router.live_view()
+
+
+def test_a_session_moved_to_the_baseline_under_load_stays_there() -> None:
+    router, _ = make(SETTINGS, switch_up=2, switch_down=0.5)
+    load = [router.choose(RequestInfo("/v1/chat/completions")) for _ in range(4)]
+    for t in load:
+        router.acquire(t)
+    t = router.choose(turn(0, 40))  # a long session arrives while its group is loaded
+    assert (t.pool, t.reason) == ("baseline", "above_switch_up")
+    group = t.group
+    router.acquire(t)
+    for x in load:
+        router.release(x)
+    router.release(t)
+    t2 = router.choose(turn(0, 41))
+    assert (t2.group, t2.backend.name, t2.reason) == (group, t.backend.name,
+                                                      "affinity_hold_baseline")
+    # a new session in the same, now idle, group goes to EAGLE-3
+    t3 = router.choose(turn(99, 0))
+    assert t3.pool == "eagle"
+
+
+def test_a_session_key_keeps_a_conversation_whose_history_was_rewritten() -> None:
+    router, _ = make(SETTINGS)
+    first = router.choose(turn(0, 3, header="conv-1"))
+    router.acquire(first)  # its group is now the busier one
+    # the client compacted the history: no block past the system prompt matches
+    again = router.choose(turn(1, 0, header="conv-1"))
+    assert again.backend.name == first.backend.name
+    other = router.choose(turn(2, 0))  # without the key only the system prompt matches
+    assert other.group != first.group
