@@ -13,7 +13,10 @@ the host: prefer the config file or `SPECROUTER_BACKENDS` for keys (and
 builds its own app (`app_from_env`, an import-string factory, which is what uvicorn's
 multi-process mode needs) from the same config file and CLI flags, handed over in the
 `SPECROUTER_SERVE_SOURCE` environment variable; workers share policy and load through
-Redis, so more than one worker without a Redis URL is refused.
+Redis, so more than one worker without a Redis URL is refused. Their `/metrics` is one
+view over all of them (see `specrouter.control.metrics`): `serve` gives the workers a
+fresh PROMETHEUS_MULTIPROC_DIR (inside the one set in the environment, if any) and
+removes it when they have stopped.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from specrouter.commands.descriptors import (
     merge_overrides,
 )
 from specrouter.config import ConfigError, Settings, load_settings, parse_backend_spec
+from specrouter.control.metrics import MULTIPROC_ENV, shared_metrics_dir
 from specrouter.edge import Lifecycle, guard
 
 log = logging.getLogger("specrouter.commands.serve")
@@ -187,10 +191,15 @@ def serve(settings: Settings, config_file: str | None = None,
     os.environ[SOURCE_ENV] = json.dumps({"config": config_file, "overrides": overrides or {}})
     options = uvicorn_options(settings)
     options["timeout_graceful_shutdown"] = 1.0  # the drain already waited
-    if settings.workers <= 1:
+    if settings.workers <= 1 and not os.environ.get(MULTIPROC_ENV):
         uvicorn.Server(uvicorn.Config(APP_FACTORY, factory=True, **options)).run()
-    else:
-        uvicorn.run(APP_FACTORY, factory=True, workers=settings.workers, **options)
+        return
+    # Workers share their metrics through files in a directory of this start only.
+    with shared_metrics_dir():
+        if settings.workers <= 1:
+            uvicorn.Server(uvicorn.Config(APP_FACTORY, factory=True, **options)).run()
+        else:
+            uvicorn.run(APP_FACTORY, factory=True, workers=settings.workers, **options)
 
 
 def app_from_env() -> Any:

@@ -11,17 +11,41 @@ Two kinds of series, for cost reasons:
 Latency and status are observed by `MetricsMiddleware`, an ASGI wrapper around the app
 that reads the `x-specrouter-pool` / `x-specrouter-backend` headers the proxy sets, so the
 proxy itself knows nothing about metrics.
+
+Several worker processes (`specrouter serve --workers N`) answer `/metrics` as one: a
+scrape reaches one worker, so every worker keeps its series in prometheus_client's
+multiprocess files (PROMETHEUS_MULTIPROC_DIR, a fresh directory per `serve`, set before
+the workers start) and the worker that answers merges all of them:
+- event metrics (Counter, Histogram, and any Gauge, which must name its multiprocess
+  mode) write to the files as they change; counters and histograms are summed over all
+  workers, dead ones included, so they never go backwards;
+- scrape-time series (every Collector registered in `RouterMetrics.registry`) are copied
+  into the files by each worker every `PUBLISH_INTERVAL_S` and by the answering worker at
+  the scrape: counters are summed over all workers, gauges take the most recent live
+  worker's value, except those in `SUMMED_GAUGES` (per-process counts), summed over the
+  live workers; a series a worker no longer reports is dropped.
+Files of dead workers' gauges are removed at each scrape.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import glob
+import math
+import os
+import re
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, values
+from prometheus_client import multiprocess as _multiprocess_module
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +53,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specrouter.routing.report import LiveMetrics
+from specrouter.tasks import cancel_and_wait
 
 PREFIX = "specrouter"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -37,6 +62,15 @@ BREAKER_STATES = ("closed", "open", "half_open")
 #: Paths whose requests are counted and timed (the proxied generation routes and /v1/*).
 _COUNTED_PREFIXES = ("/v1/", "/generate")
 NO_LABEL = "none"
+#: Where prometheus_client's multiprocess mode keeps each process's series.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: How often each worker copies its scrape-time series into its multiprocess files.
+PUBLISH_INTERVAL_S = 1.0
+#: Scrape-time gauges that count per process, so the workers' values add up.
+SUMMED_GAUGES = frozenset({f"{PREFIX}_inflight_requests"})
+#: prometheus_client's multiprocess module, untyped upstream.
+_multiprocess: Any = _multiprocess_module
+_WORKER_FILE = re.compile(r"_(\d+)\.db$")
 
 
 class _LiveCollector(Collector):
@@ -94,7 +128,7 @@ class RouterMetrics:
     """The router's series; `render()` is the `/metrics` body."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else _Registry()
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "Requests answered, by pool/backend/status",
                                 ["pool", "backend", "status"], registry=r)
@@ -119,6 +153,12 @@ class RouterMetrics:
                              ["pool"], buckets=LATENCY_BUCKETS, registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}
         self._live: _LiveCollector | None = None
+        self._shared = _SharedFiles.of_this_process(self.registry)
+
+    @property
+    def multiprocess(self) -> bool:
+        """True when this process's series live in multiprocess files shared by workers."""
+        return self._shared is not None
 
     def attach(self, source: Callable[[], LiveMetrics]) -> None:
         """Report `source()` at every scrape (one source; a second replaces the first)."""
@@ -158,7 +198,145 @@ class RouterMetrics:
             self._child(self.e2e, pool).observe(e2e_s)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self._shared is None:
+            return generate_latest(self.registry)
+        return self._shared.render()
+
+    async def publish_forever(self, interval_s: float = PUBLISH_INTERVAL_S) -> None:
+        """Copy this worker's scrape-time series into its files until cancelled (a
+        scrape answered by another worker reads them there); no-op in one process."""
+        if self._shared is None:
+            return
+        try:
+            while True:
+                self._shared.publish()
+                await asyncio.sleep(interval_s)
+        finally:
+            self._shared.close()
+
+
+class _Registry(CollectorRegistry):
+    """A registry that keeps apart the collectors computed at scrape time (everything but
+    prometheus_client's metric objects, which multiprocess mode already keeps in files)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.computed: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        if not isinstance(collector, MetricWrapperBase):
+            self.computed.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        if collector in self.computed:
+            self.computed.remove(collector)
+
+
+class _SharedFiles:
+    """This worker's part of the multiprocess files, and the merged view of all workers."""
+
+    def __init__(self, path: str, registry: _Registry) -> None:
+        self._path = path
+        self._registry = registry
+        self._value_class = values.ValueClass  # this process's mmap-backed value store
+        self._values: dict[tuple[str, str, str, tuple[tuple[str, str], ...]], Any] = {}
+
+    @classmethod
+    def of_this_process(cls, registry: CollectorRegistry) -> _SharedFiles | None:
+        # prometheus_client picks its value store when first imported: the mmap-backed one
+        # only if PROMETHEUS_MULTIPROC_DIR was set by then (`serve` sets it for workers).
+        path = os.environ.get(MULTIPROC_ENV)
+        if not path or not getattr(values.ValueClass, "_multiprocess", False):
+            return None
+        if not isinstance(registry, _Registry):
+            raise TypeError("multiprocess metrics need RouterMetrics' own registry")
+        return cls(path, registry)
+
+    def publish(self, now: float | None = None) -> None:
+        """Write every scrape-time sample of this worker; a gauge sample it no longer
+        reports is overwritten with NaN, which the merged view drops."""
+        stamp = time.time() if now is None else now
+        seen = set()
+        for collector in list(self._registry.computed):
+            for family in collector.collect():
+                counter = family.type == "counter"
+                typ = "counter" if counter else "gauge"
+                mode = ("" if counter else
+                        "livesum" if family.name in SUMMED_GAUGES else "livemostrecent")
+                for sample in family.samples:
+                    labels = tuple(sorted(sample.labels.items()))
+                    key = (typ, family.name, sample.name, labels)
+                    value = self._values.get(key)
+                    if value is None:
+                        value = self._values[key] = self._value_class(
+                            typ, family.name, sample.name, [k for k, _ in labels],
+                            [v for _, v in labels], family.documentation,
+                            multiprocess_mode=mode)
+                    value.set(sample.value, timestamp=stamp)
+                    seen.add(key)
+        for key, value in self._values.items():
+            if key not in seen and key[0] == "gauge":
+                value.set(math.nan, timestamp=stamp)
+
+    def render(self) -> bytes:
+        self.publish()
+        self.forget_dead_workers()
+        registry = CollectorRegistry()
+        registry.register(_Merged(self._path))
+        return generate_latest(registry)
+
+    def forget_dead_workers(self) -> None:
+        """Remove the live-gauge files of workers that exited (uvicorn restarts a worker
+        that dies, under a new pid); their counters stay, so sums never go backwards."""
+        for pid in {int(m.group(1)) for f in glob.glob(os.path.join(self._path, "gauge_live*"))
+                    if (m := _WORKER_FILE.search(f))}:
+            if not _alive(pid):
+                _multiprocess.mark_process_dead(pid, self._path)
+
+    def close(self) -> None:
+        """This worker stops: its live gauges leave the merged view."""
+        _multiprocess.mark_process_dead(os.getpid(), self._path)
+
+
+class _Merged(Collector):
+    def __init__(self, path: str) -> None:
+        self._merged = _multiprocess.MultiProcessCollector(None, path=path)
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self._merged.collect():
+            metric.samples = [s for s in metric.samples if not math.isnan(s.value)]
+            yield metric
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def shared_metrics_dir() -> Iterator[str]:
+    """A fresh PROMETHEUS_MULTIPROC_DIR for the worker processes about to start, inside the
+    one the operator gave if any (files of an earlier run would be summed in otherwise);
+    removed when they have stopped."""
+    base = os.environ.get(MULTIPROC_ENV) or None
+    path = tempfile.mkdtemp(prefix="specrouter-metrics-", dir=base)
+    previous = os.environ.get(MULTIPROC_ENV)
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        if previous is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = previous
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def metrics_route(metrics: RouterMetrics, path: str = "/metrics") -> Route:
@@ -178,6 +356,14 @@ class MetricsMiddleware:
         self._clock = clock
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" and self._metrics.multiprocess:
+            # The worker publishes its scrape-time series for as long as it serves.
+            publisher = asyncio.ensure_future(self._metrics.publish_forever())
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                await cancel_and_wait([publisher])
+            return
         if scope["type"] != "http" or not scope["path"].startswith(_COUNTED_PREFIXES):
             await self.app(scope, receive, send)
             return
