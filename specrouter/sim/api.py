@@ -613,6 +613,8 @@ def server_args(server: SimServer) -> dict[str, Any]:
         "speculative_num_steps": profile.draft.steps if eagle else None,
         "speculative_eagle_topk": profile.draft.topk if eagle else None,
         "speculative_num_draft_tokens": profile.draft.num_draft_tokens if eagle else None,
+        **({"speculative_adaptive": engine.adaptive is not None}
+           if server.version.has_adaptive_speculation else {}),
         "random_seed": s.seed,
     }
 
@@ -769,6 +771,8 @@ def sim_state(server: SimServer) -> dict[str, Any]:
         "max_running_requests": engine.limits.max_running_requests,
         "kv_capacity_tokens": engine.limits.kv_capacity_tokens,
         "profile": engine.profile.name, "faults": server.faults.as_dict(),
+        "adaptive_steps": ({str(low): slot.current for low, slot in engine.adaptive.slots.items()}
+                           if engine.adaptive is not None else None),
     }
 
 

@@ -21,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", default="gpu0", help="GPU group name (labels and logs)")
     parser.add_argument("--eagle-port", type=int, help="port of the EAGLE-3 engine")
     parser.add_argument("--baseline-port", type=int, help="port of the baseline engine")
-    parser.add_argument("--single", choices=("eagle", "baseline"),
-                        help="run one engine alone on --port (it has the GPU to itself)")
+    parser.add_argument("--single", choices=("eagle", "baseline", "adaptive"),
+                        help="run one engine alone on --port (it has the GPU to itself); "
+                        "adaptive: one EAGLE-3 engine with SGLang 0.5.23's "
+                        "--speculative-adaptive and the memory of a whole pair")
     parser.add_argument("--port", type=int, help="port for --single")
     parser.add_argument("--profile", default="seed-coding",
                         help="shipped profile name (seed-coding, h200-llama3-8b) or a .json path")
@@ -88,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--time-scale must be > 0")
         profile = load_profile(args.profile)
         version = get_version(args.sglang_version)
+        if args.single == "adaptive" and not version.has_adaptive_speculation:
+            raise ValueError(f"SGLang {version.name} has no --speculative-adaptive")
     except (ValueError, ProfileError) as exc:
         print(f"specrouter sim: {exc}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specrouter.sim import physics
+from specrouter.sim.adaptive import AdaptiveSteps
 from specrouter.sim.gpu import SharedGpu
 from specrouter.sim.prefix import Blocks
 from specrouter.sim.profile import EngineDefaults, Profile
@@ -154,8 +155,11 @@ class Engine:
     def __init__(self, name: str, kind: str, profile: Profile, gpu: SharedGpu, seed: int,
                  limits: EngineDefaults, max_queued_requests: int | None = None) -> None:
         self.name = name
-        self.kind = kind  # "eagle" | "baseline"
-        self.is_eagle = kind == "eagle"
+        self.kind = kind  # "eagle" | "baseline" | "adaptive"
+        # an adaptive engine is an EAGLE-3 server whose draft steps follow the batch size
+        self.is_eagle = kind in ("eagle", "adaptive")
+        self.adaptive = (AdaptiveSteps(limits.max_running_requests, profile.draft.steps)
+                         if kind == "adaptive" else None)
         self.profile = profile
         self.gpu = gpu
         self.clock = gpu.clock
@@ -417,11 +421,16 @@ class Engine:
             elif self.running:
                 batch = list(self.running)
                 ctx = sum(r.prompt_tokens + r.generated for r in batch) / len(batch)
-                step = physics.eagle_step_ms if self.is_eagle else physics.decode_step_ms
-                sim_ms = step(self.profile, len(batch), ctx)
+                steps = self.profile.draft.steps
+                if self.adaptive is not None:
+                    steps = self.adaptive.steps_for_batch(len(batch))
+                    sim_ms = physics.adaptive_step_ms(self.profile, len(batch), ctx, steps)
+                else:
+                    step = physics.eagle_step_ms if self.is_eagle else physics.decode_step_ms
+                    sim_ms = step(self.profile, len(batch), ctx)
                 _, end = self.gpu.reserve(earliest, sim_ms)
                 await self._sleep_until(end)
-                self._apply_decode(batch, end)
+                self._apply_decode(batch, end, steps)
             else:
                 continue  # everything waiting was aborted or cannot fit yet
             self.counters.busy_sim_s += sim_ms / 1000.0
@@ -510,10 +519,13 @@ class Engine:
         req.in_tree = True
         self._fit_cache()
 
-    def _apply_decode(self, batch: list[SimRequest], end: float) -> None:
+    def _apply_decode(self, batch: list[SimRequest], end: float, steps: int) -> None:
         model = self._current_accept_model() if self.is_eagle else None
+        if model is not None and self.adaptive is not None:
+            model = model.with_max_len(steps + 1)  # the same p over this step's chain
         step_tokens = 0
         live = 0
+        correct: list[int] = []
         for req in batch:
             if req.done:
                 continue
@@ -522,7 +534,10 @@ class Engine:
             live += 1
             req.verify_steps += 1
             req.correct_drafts += n - 1
+            correct.append(n - 1)
             self._emit(req, n, end)
+        if self.adaptive is not None:
+            self.adaptive.on_verify(correct, len(batch))
         self.counters.decode_steps += 1
         if self.is_eagle and live:
             self._accept_window.append((step_tokens, live))

@@ -6,6 +6,7 @@ Pure functions of the profile and the batch, so they can be unit-tested and docu
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from dataclasses import dataclass
@@ -24,6 +25,36 @@ def eagle_step_ms(profile: Profile, batch: int, ctx: float) -> float:
     verify = table.cost(table.verify_column(profile.draft.num_draft_tokens), batch, ctx)
     draft = table.cost("draft_step_ms", batch, ctx)
     return profile.time_factor * (verify + profile.draft.steps * draft)
+
+
+def verify_ms(profile: Profile, width: int, batch: int, ctx: float) -> float:
+    """One target forward over `width` tokens per request (verify of width-1 draft tokens),
+    untimed by time_factor. Between measured widths (target_qN_ms columns) it is linear in
+    the width; past the widest it extends the line through the two widest."""
+    table = profile.step_table
+    widths = sorted(int(c[len("target_q"):-3]) for c in table.columns()
+                    if c.startswith("target_q"))
+    if width in widths or len(widths) == 1:
+        return table.cost(f"target_q{width if width in widths else widths[0]}_ms", batch, ctx)
+    i = bisect.bisect_left(widths, width)
+    i = min(max(i, 1), len(widths) - 1)
+    lo, hi = widths[i - 1], widths[i]
+    c_lo = table.cost(f"target_q{lo}_ms", batch, ctx)
+    c_hi = table.cost(f"target_q{hi}_ms", batch, ctx)
+    return c_lo + (c_hi - c_lo) * (width - lo) / (hi - lo)
+
+
+def adaptive_step_ms(profile: Profile, batch: int, ctx: float, steps: int) -> float:
+    """One decode step of an adaptive-speculation engine drafting `steps` tokens: `steps`
+    draft forwards and a verify of width steps + 1. At 0 steps the verify is a plain decode
+    (width 1), and the draft model still extends its KV over the new token, one draft
+    forward (eagle_worker_v2.py 0.5.23:1469-1498, SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND
+    off by default, environ.py:1577)."""
+    table = profile.step_table
+    draft = table.cost("draft_step_ms", batch, ctx)
+    if steps == 0:
+        return profile.time_factor * (table.cost("target_q1_ms", batch, ctx) + draft)
+    return profile.time_factor * (verify_ms(profile, steps + 1, batch, ctx) + steps * draft)
 
 
 def prefill_ms(profile: Profile, tokens: int, eagle: bool) -> float:
@@ -54,6 +85,11 @@ class AcceptModel:
     def for_mean(cls, mean: float, max_len: int) -> AcceptModel:
         mean = min(max(mean, 1.0), float(max_len))
         return cls(mean, max_len, _solve_p(mean, max_len))
+
+    def with_max_len(self, max_len: int) -> AcceptModel:
+        """The same per-position acceptance p over a chain of another length (another
+        number of draft steps): the mean follows from p."""
+        return AcceptModel(_chain_mean(self.p, max_len), max_len, self.p)
 
     def sample(self, rng: random.Random) -> int:
         n = 1

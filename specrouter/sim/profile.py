@@ -265,3 +265,16 @@ def parse_profile(raw: dict[str, Any], base_dir: Path, name: str) -> Profile:
         chars_per_token=_num(raw, "chars_per_token", 4.0, minimum=0.5),
         raw=raw,
     )
+
+
+def engine_limits(profile: Profile, kind: str) -> EngineDefaults:
+    """An engine's batch slots and KV pool. The adaptive engine has the GPU to itself: one
+    cache over the memory both servers of a pair would split (the sum of their pools), and
+    the baseline's batch slots, since SGLang caps a speculative server at 48 unless
+    --max-running-requests is given (speculative_hook.py 0.5.23:1086-1094) and adaptive
+    speculation only stops drafting from batch 64."""
+    if kind == "adaptive":
+        return EngineDefaults(profile.baseline.max_running_requests,
+                              profile.eagle.kv_capacity_tokens
+                              + profile.baseline.kv_capacity_tokens)
+    return profile.eagle if kind == "eagle" else profile.baseline

@@ -21,7 +21,7 @@ from specrouter.sim.api import ServerSettings, SimServer, build_app
 from specrouter.sim.engine import Engine
 from specrouter.sim.faults import Faults
 from specrouter.sim.gpu import SharedGpu, SimClock
-from specrouter.sim.profile import EngineDefaults, Profile
+from specrouter.sim.profile import EngineDefaults, Profile, engine_limits
 from specrouter.sim.version import V0_5_23, SglangVersion
 
 
@@ -93,8 +93,9 @@ async def _serve(server: _Server) -> None:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    kind: str  # "eagle" | "baseline"
+    kind: str  # "eagle" | "baseline" | "adaptive"
     port: int
+
 
 
 async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, group: str,
@@ -114,7 +115,7 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
     engines: list[Engine] = []
     group_servers: dict[str, SimServer] = {}
     for spec in specs:
-        limits = profile.eagle if spec.kind == "eagle" else profile.baseline
+        limits = engine_limits(profile, spec.kind)
         if max_running_requests is not None:
             limits = EngineDefaults(max_running_requests, limits.kv_capacity_tokens)
         if max_total_tokens and spec.kind in max_total_tokens:

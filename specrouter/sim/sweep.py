@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from specrouter.sim.engine import Engine, SimRequest
 from specrouter.sim.gpu import SharedGpu, SimClock
-from specrouter.sim.profile import Profile, load_profile
+from specrouter.sim.profile import Profile, engine_limits, load_profile
 from specrouter.sim.text import WordStream
 
 
@@ -33,7 +33,7 @@ async def closed_loop(profile: Profile, kind: str, concurrency: int, *, prompt_t
                       seed: int = 7) -> SweepPoint:
     clock = SimClock(time_scale)
     gpu = SharedGpu(clock)
-    limits = profile.eagle if kind == "eagle" else profile.baseline
+    limits = engine_limits(profile, kind)
     engine = Engine(f"sweep-{kind}", kind, profile, gpu, seed, limits)
     engine.start()
     latencies: list[float] = []
@@ -71,15 +71,15 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=256)
     args = parser.parse_args()
     profile = load_profile(args.profile)
-    print("conc  baseline_tok/s  eagle_tok/s  ratio  baseline_lat_s  eagle_lat_s")
+    print("conc  baseline_tok/s  eagle_tok/s  ratio  adaptive_tok/s  baseline_lat_s  "
+          "eagle_lat_s  adaptive_lat_s")
     for c in (int(x) for x in args.concurrency.split(",")):
-        b = asyncio.run(closed_loop(profile, "baseline", c, prompt_tokens=args.prompt_tokens,
-                                    output_tokens=args.output_tokens))
-        e = asyncio.run(closed_loop(profile, "eagle", c, prompt_tokens=args.prompt_tokens,
-                                    output_tokens=args.output_tokens))
+        b, e, a = (asyncio.run(closed_loop(profile, kind, c, prompt_tokens=args.prompt_tokens,
+                                           output_tokens=args.output_tokens))
+                   for kind in ("baseline", "eagle", "adaptive"))
         print(f"{c:>4}  {b.throughput_tok_s:14.1f}  {e.throughput_tok_s:11.1f}  "
-              f"{e.throughput_tok_s / b.throughput_tok_s:5.2f}  {b.mean_latency_s:14.2f}  "
-              f"{e.mean_latency_s:11.2f}")
+              f"{e.throughput_tok_s / b.throughput_tok_s:5.2f}  {a.throughput_tok_s:14.1f}  "
+              f"{b.mean_latency_s:14.2f}  {e.mean_latency_s:11.2f}  {a.mean_latency_s:14.2f}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ class SglangVersion:
     # the decode log writes cache_hit_rate 0.0 (0.5.10 scheduler_metrics_mixin.py:633,700);
     # 0.5.23 sets it only from prefill batches (metrics_reporter.py:834-865)
     decode_log_clears_hit_rate: bool
+    # --speculative-adaptive exists (0.5.23: speculative/adaptive_spec_params.py)
+    has_adaptive_speculation: bool
 
 
 V0_5_23 = SglangVersion(
@@ -45,14 +47,16 @@ V0_5_23 = SglangVersion(
     has_get_load=False, chat_chunks_omit_none=True, running_stream_abort_delay_s=0.0,
     graceful_abort_is_error_event=False, tokenizer_labels=("model_name", "engine_type"),
     is_streaming_label=True, usage_has_completion_details=True,
-    cache_report_omits_zero=False, decode_log_clears_hit_rate=False)
+    cache_report_omits_zero=False, decode_log_clears_hit_rate=False,
+    has_adaptive_speculation=True)
 
 V0_5_10 = SglangVersion(
     name="0.5.10", loads_from_snapshot=False, loads_top_level="aggregate", has_ready=False,
     has_get_load=True, chat_chunks_omit_none=False, running_stream_abort_delay_s=2.0,
     graceful_abort_is_error_event=True, tokenizer_labels=("model_name",),
     is_streaming_label=False, usage_has_completion_details=False,
-    cache_report_omits_zero=True, decode_log_clears_hit_rate=True)
+    cache_report_omits_zero=True, decode_log_clears_hit_rate=True,
+    has_adaptive_speculation=False)
 
 VERSIONS = {v.name: v for v in (V0_5_23, V0_5_10)}
 DEFAULT_VERSION = V0_5_23.name
