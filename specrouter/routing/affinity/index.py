@@ -11,7 +11,7 @@ blocks kept for a backend are, to a good approximation, what its cache still hol
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from specrouter.routing.affinity.keys import PrefixKeys
 
@@ -28,14 +28,25 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def match(self, keys: Iterable[int]) -> int:
-        """How many leading blocks of `keys` the index holds."""
-        n = 0
-        for key in keys:
-            if key not in self._blocks:
-                break
-            n += 1
-        return n
+    def match(self, keys: Sequence[int]) -> int:
+        """How many leading blocks of `keys` (one prompt's key chain) the index holds.
+
+        A binary search: it relies on the chain's shape, where a block is held only with
+        the blocks before it (they are inserted together and evicted after it), so it
+        costs O(log n) set lookups instead of one per matched block."""
+        blocks = self._blocks
+        if not keys or keys[0] not in blocks:
+            return 0
+        if keys[-1] in blocks:
+            return len(keys)
+        lo, hi = 1, len(keys) - 1  # keys[lo - 1] is held, keys[hi] is not
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if keys[mid] in blocks:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def insert(self, keys: tuple[int, ...]) -> None:
         """Record a prompt routed here: its blocks become the most recently used, the

@@ -8,12 +8,18 @@ from specrouter.routing.affinity.index import PrefixIndex, SessionTable, matched
 from specrouter.routing.affinity.keys import PrefixKeys
 
 
-def test_match_counts_leading_blocks_only() -> None:
+def test_match_counts_the_leading_blocks_held() -> None:
     index = PrefixIndex(100)
     index.insert((1, 2, 3))
     assert index.match((1, 2, 3, 4)) == 3
-    assert index.match((1, 2, 9, 3)) == 2
+    assert index.match((1, 2, 3)) == 3
+    assert index.match((1, 2, 9, 10)) == 2
+    assert index.match((1, 8, 9, 10, 11, 12)) == 1
     assert index.match((9, 1, 2)) == 0
+    assert index.match(()) == 0
+    chain = tuple(range(100, 160))
+    index.insert(chain[:37])
+    assert all(index.match(chain[:n]) == min(n, 37) for n in range(1, 61))
     assert matched_tokens(index, PrefixKeys((1, 2, 7), 256.0, 700.0)) == 512.0
 
 
