@@ -450,6 +450,8 @@ class Engine:
         _compute_max_prefix_len, schedule_batch.py:1766-1785) and the match is locked; KV
         space is what neither the cache nor running requests hold, plus what evicting
         unlocked prefixes frees."""
+        if not self.waiting:
+            return
         cache, cap = self.cache, self.limits.kv_capacity_tokens
         reserved = self._reserved_tokens()
         while self.waiting and self.num_running < self.limits.max_running_requests:

@@ -73,16 +73,23 @@ class Blocks:
 def _text_blocks(prev: int, text: str, start: int, cpt: float
                  ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Blocks of `text`, whose first character is character `start` of its part."""
+    n = len(text)
     keys: list[int] = []
-    tokens: list[int] = []
-    done = math.ceil(start / cpt)
-    for a in range(0, len(text), BLOCK_CHARS):
-        piece = text[a:a + BLOCK_CHARS]
-        prev = hash((prev, piece))
-        end = math.ceil((start + a + len(piece)) / cpt)
-        keys.append(prev)
-        tokens.append(end - done)
-        done = end
+    append = keys.append
+    for a in range(0, n, BLOCK_CHARS):
+        prev = hash((prev, text[a:a + BLOCK_CHARS]))
+        append(prev)
+    if not keys:
+        return (), ()
+    first = start / cpt
+    per = BLOCK_CHARS / cpt
+    full = len(keys) - 1
+    if per.is_integer() and first.is_integer():  # the usual case: whole tokens per block
+        last = math.ceil((start + n) / cpt) - int(first) - int(per) * full
+        return tuple(keys), (int(per),) * full + (last,)
+    ends = [math.ceil((start + a) / cpt) for a in range(BLOCK_CHARS, n, BLOCK_CHARS)]
+    ends.append(math.ceil((start + n) / cpt))
+    tokens = [e - b for b, e in zip([math.ceil(first), *ends[:-1]], ends, strict=True)]
     return tuple(keys), tuple(tokens)
 
 
