@@ -87,9 +87,14 @@ def test_rates_come_from_the_better_pool_at_the_saturation_batch() -> None:
         rates = openloop.rates_for(cap["saturation_req_s"], s.fractions)
         assert len(rates) >= 5 and rates == sorted(rates)
         assert rates[-1] == pytest.approx(0.9 * cap["saturation_req_s"], rel=1e-2)
-    _, loads = openloop.loads_of("seed-coding", s)
+    cap, loads = openloop.loads_of("seed-coding", s)
     assert [ld.name for ld in loads][-1] == "burst"
-    assert all(len(ld.arrivals) == s.requests_per_rate for ld in loads if ld.rate is not None)
+    counts = [len(ld.arrivals) for ld in loads if ld.rate is not None]
+    assert counts[0] == s.min_requests and counts == sorted(counts)
+    # the top rate (0.9 x saturation) arrives over the time 192 requests take at saturation
+    assert 170 <= counts[-1] <= 175
+    assert openloop.requests_at(1.0, 2.0, 32, 192) == 96
+    assert openloop.requests_at(0.1, 2.0, 32, 192) == 32
 
 
 def _row(load: str, tput: float, p50: float, ttft99: float, errors: int = 0
@@ -140,7 +145,8 @@ def test_tiny_open_loop_run_end_to_end(tmp_path: Path) -> None:
     before = _children()
     s = openloop.OpenLoopSettings(
         profiles=["seed-coding"], configs=["eagle", "router"],
-        fractions=[0.2, 0.8], requests_per_rate=4, profile_time_scales={"seed-coding": 0.05},
+        fractions=[0.2, 0.8], min_requests=4, saturation_requests=4,
+        profile_time_scales={"seed-coding": 0.05},
         input_median=100, input_high=400, output_median=12, output_sigma=0.5, output_low=4,
         output_high=24, burst_cycles=1, burst_on_arrivals=3, burst_off_arrivals=1,
         calibrate=False, progress=False, out_dir=str(tmp_path))
