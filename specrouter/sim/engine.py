@@ -75,6 +75,11 @@ class SimRequest:
         return prompt + math.ceil(new)
 
     @property
+    def prefill_started(self) -> bool:
+        """A prefill chunk has run for it (the cached prefix needs none)."""
+        return self.prefilled > self.cached
+
+    @property
     def private_used(self) -> int:
         """KV tokens in use outside the prefix cache: computed uncached prompt and output."""
         return (0 if self.in_tree else self.prefilled - self.cached) + self.generated
@@ -96,6 +101,9 @@ class Snapshot:
     num_waiting_reqs: int = 0
     num_used_tokens: int = 0
     num_waiting_tokens: int = 0  # prompt tokens still to prefill, queued or chunked
+    # 0.5.23's estimate under FCFS: a waiting prompt x the recent miss rate, plus the
+    # chunked request's remainder (load_inquirer.py:82-105)
+    num_waiting_uncached_tokens: int = 0
     gen_throughput: float = 0.0
     accept_length: float = 0.0  # lifetime mean (0.0 before the first fold)
     window_accept_length: float = 0.0  # mean over the last folded 40 decode batches
@@ -107,6 +115,32 @@ class Snapshot:
     cache_hit_rate: float = 0.0  # cached / (cached + computed) tokens of the last prefill batch
     at_sim: float = 0.0
     timestamp: float = 0.0  # time.time() when built: the server clock
+
+
+class HitRateWindow:
+    """SGLang's _CacheHitRateWindow (metrics_reporter.py 0.5.23:79-97): hit tokens over
+    prefilled tokens of the prefill batches of the last 15 s (SGLANG_CACHE_HIT_RATE_WINDOW_
+    SECONDS), which prices the waiting queue's uncached tokens. Simulated seconds here."""
+
+    WINDOW_S = 15.0
+
+    def __init__(self) -> None:
+        self.samples: deque[tuple[float, int, int]] = deque()
+        self.hit = 0
+        self.total = 0
+
+    def add(self, hit: int, total: int, now: float) -> None:
+        if total > 0:
+            self.samples.append((now, hit, total))
+            self.hit += hit
+            self.total += total
+        while self.samples and self.samples[0][0] <= now - self.WINDOW_S:
+            _, h, t = self.samples.popleft()
+            self.hit -= h
+            self.total -= t
+
+    def rate(self) -> float:
+        return self.hit / self.total if self.total else 0.0
 
 
 @dataclass
@@ -168,6 +202,7 @@ class Engine:
         self.rng = self._sampler(seed)
         self.cache = RadixCache()
         self.cache_hit_rate = 0.0  # of the last prefill batch (SGLang's per-report value)
+        self._hit_window = HitRateWindow()
         # 0.5.10's decode log writes a 0.0 cache_hit_rate; 0.5.23's keeps the prefill value
         self.decode_log_clears_hit_rate = False
         self.waiting: deque[SimRequest] = deque()
@@ -241,6 +276,7 @@ class Engine:
             return False
         self.cache = RadixCache()
         self.cache_hit_rate = 0.0
+        self._hit_window = HitRateWindow()
         self.spec = SpecCounters()
         return True
 
@@ -357,7 +393,7 @@ class Engine:
 
     def num_waiting_as_sglang(self) -> int:
         """SGLang's waiting queue: queued here, or admitted but not yet touched by prefill."""
-        return len(self.waiting) + sum(1 for r in self.prefilling if r.prefilled == 0)
+        return len(self.waiting) + sum(1 for r in self.prefilling if not r.prefill_started)
 
     def used_tokens(self) -> int:
         """SGLang's num_used_tokens: the pool minus free and evictable tokens, i.e. the
@@ -494,6 +530,7 @@ class Engine:
             chunk.append((req, take))
             tokens += take
         self.cache_hit_rate = hits / (hits + tokens) if hits + tokens else 0.0
+        self._hit_window.add(hits, hits + tokens, self.clock.sim_now())
         return chunk, physics.prefill_ms(self.profile, tokens, self.is_eagle)
 
     def _apply_prefill(self, chunk: list[tuple[SimRequest, int]], end: float) -> None:
@@ -615,12 +652,15 @@ class Engine:
         return self._snapshot(self.gauges)
 
     def _snapshot(self, stats: Snapshot) -> Snapshot:
-        waiting = [*self.waiting, *(r for r in self.prefilling if r.prefilled == 0)]
-        chunked = [r for r in self.prefilling if r.prefilled > 0]
+        waiting = [*self.waiting, *(r for r in self.prefilling if not r.prefill_started)]
+        chunked = [r for r in self.prefilling if r.prefill_started]
+        miss = 1.0 - self._hit_window.rate()
         return Snapshot(
             num_running_reqs=len(self.running), num_waiting_reqs=len(waiting),
             num_used_tokens=self.used_tokens(),
             num_waiting_tokens=sum(r.prompt_tokens - r.prefilled for r in (*waiting, *chunked)),
+            num_waiting_uncached_tokens=(sum(int(r.prompt_tokens * miss) for r in waiting)
+                                         + sum(r.prompt_tokens - r.prefilled for r in chunked)),
             gen_throughput=stats.gen_throughput, accept_length=self.lifetime_accept_length(),
             window_accept_length=stats.window_accept_length,
             window_accept_rate=stats.window_accept_rate,

@@ -123,7 +123,7 @@ def _snapshot_entry(engine: Engine, snap: Snapshot, include: set[str] | None
         "timestamp": snap.timestamp, "dp_rank": 0,
         "num_running_reqs": core["num_running_reqs"],
         "num_waiting_reqs": core["num_waiting_reqs"],
-        "num_waiting_uncached_tokens": snap.num_waiting_tokens,
+        "num_waiting_uncached_tokens": snap.num_waiting_uncached_tokens,
         "num_used_tokens": core["num_used_tokens"], "num_total_tokens": total,
         "num_active_tokens": total, "num_prealloc_ready_tokens": 0,
         "max_total_num_tokens": core["max_total_num_tokens"],

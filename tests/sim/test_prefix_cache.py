@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from specrouter.sim import prefix, protocol
-from specrouter.sim.engine import Engine, SimRequest
+from specrouter.sim.engine import Engine, HitRateWindow, SimRequest
 from specrouter.sim.gpu import SharedGpu, SimClock
 from specrouter.sim.profile import EngineDefaults, load_profile
 from specrouter.sim.radix import RadixCache
@@ -200,3 +200,32 @@ def test_cached_tokens_reported_as_sglang_reports_them(
     gen = httpx.post(f"{engine.url}/generate", json={
         "text": text + "two", "sampling_params": {"max_new_tokens": 4}}).json()
     assert gen["meta_info"]["cached_tokens"] == 0
+
+
+def test_an_admitted_request_with_a_cached_prefix_still_waits_as_sglang_counts() -> None:
+    asyncio.run(_admitted_with_cached_prefix())
+
+
+async def _admitted_with_cached_prefix() -> None:
+    profile = load_profile("seed-coding")
+    engine = Engine("t-baseline", "baseline", profile, SharedGpu(SimClock(1e-5)), 7,
+                    EngineDefaults(256, 400_000))
+    blocks = prefix.chat_prompt(_chat("hello"), 4.0)
+    engine.cache.insert(blocks.keys, blocks.tokens, now=0.0)
+    req = SimRequest("r1", blocks.total, 8, 8, WordStream(random.Random(1)), 0.0,
+                     blocks=blocks)
+    engine.submit(req)
+    engine._admit()
+    assert req.cached == blocks.total - 1 and req.state == "prefill"
+    assert engine.num_waiting_as_sglang() == 1  # no prefill chunk has run for it yet
+    assert engine.live_snapshot().num_waiting_uncached_tokens == blocks.total  # no hit history
+    assert engine.used_tokens() == engine.cache.protected_tokens == blocks.total
+
+
+def test_hit_rate_window_keeps_fifteen_seconds() -> None:
+    window = HitRateWindow()
+    window.add(90, 100, now=0.0)
+    window.add(0, 100, now=10.0)
+    assert window.rate() == pytest.approx(0.45)
+    window.add(0, 0, now=15.5)  # the first sample is older than 15 s
+    assert window.rate() == 0.0
