@@ -260,8 +260,11 @@ class AffinitySettings(_Section):
     model on an H200) against the load difference (`load_ms` per request in flight) and,
     for an EAGLE-3 decision, against what EAGLE-3 saves on one answer
     (`expected_output_tokens` x the cost model's per-token saving, else
-    `eagle_saving_ms_per_token`). A client names a conversation with the `x-session-id`
-    header. `bytes_per_token` converts body bytes into tokens.
+    `eagle_saving_ms_per_token`). A group holding less than `min_match` of a prompt is
+    priced as holding none of it. A client names a conversation with the `x-session-id`
+    header; with `session_home` (for several router replicas) a session is placed in the
+    group its key hashes to, so that every replica agrees. `bytes_per_token` converts
+    body bytes into tokens.
     """
 
     enabled: bool = True
@@ -274,6 +277,8 @@ class AffinitySettings(_Section):
     load_ms: float = Field(default=50.0, ge=0)
     balance_abs: float = Field(default=8.0, ge=0)
     balance_rel: float = Field(default=2.0, ge=1)
+    min_match: float = Field(default=0.5, ge=0, le=1)
+    session_home: bool = False
     expected_output_tokens: int = Field(default=256, ge=0)
     eagle_saving_ms_per_token: float = Field(default=2.0, ge=0)
 

@@ -100,6 +100,7 @@ class LoadAwareRouter:
         if affinity is not None and affinity.enabled:
             self._affinity = tracker_of(affinity, [b.name for b in monitor.backends])
             self._prices = prices_of(affinity)
+            self._session_home = affinity.session_home
 
     # -- the Router protocol ---------------------------------------------------------------
 
@@ -218,7 +219,8 @@ class LoadAwareRouter:
         lookup = (None if self._affinity is None
                   else self._affinity.lookup(request.prefix, request.session))
         affinity = (None if lookup is None
-                    else group_affinity(lookup, groups, request.session, self._prices))
+                    else group_affinity(lookup, groups, request.session, self._prices,
+                                        self._session_home))
         group = choose_group(groups, policy.load_signal, self._rng, affinity)
         if group is None:
             raise NoBackendAvailable("no healthy backend in any GPU group")

@@ -9,17 +9,22 @@ the request `load_ms` for each request already there (its decode steps are share
 - Group choice: each candidate group costs
   `uncached * prefill_ms_per_token * (1 + load) + load * load_ms`; the cheapest wins.
   With no prefix held anywhere every group has the same uncached tokens and the rule is
-  least loaded, as without affinity. A group whose load passes
-  `balance_rel * least + balance_abs` is priced as holding nothing: affinity never piles
-  sessions onto a group far busier than the idlest one.
+  least loaded, as without affinity. A group holding less than `min_match` of the
+  prompt is priced as holding nothing: the first turn of a session shares only the
+  system prompt with others, and where it lands its later turns follow, so its
+  placement is a load decision, not a cache one (the gateway's `cache_threshold`). A
+  group whose load passes `balance_rel * least + balance_abs` is priced as holding
+  nothing too: affinity never piles sessions onto a group far busier than the idlest.
 - Pool choice: when the strategy sends a request to EAGLE-3 but the group's baseline
   server holds more of its prefix, the switch re-prefills the difference on the shared
   GPU. The request stays on the baseline (`affinity_hold_baseline`) when that costs more
   than what EAGLE-3 saves on its answer: `expected_output_tokens` times the per-token
   saving (the cost model's predicted per-token times where there is one, else
-  `eagle_saving_ms_per_token`). A decision for the baseline is always followed: the
-  strategy moves a loaded group there on sustained load, and keeping one request on
-  EAGLE-3 would slow the whole batch of the GPU.
+  `eagle_saving_ms_per_token`). The other way round, a request whose prefix is on the
+  EAGLE-3 server stays there (`affinity_hold_eagle`) only when the decision carries the
+  cost model's predictions and the baseline's predicted saving on the answer is below
+  the switch cost; a decision for the baseline without predictions is the strategy's
+  answer to sustained load and is followed.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from specrouter.routing.costmodel import PoolPrediction
 from specrouter.routing.decision import Decision
 
 #: The reasons the affinity override gives (part of pool_choice.REASONS).
-AFFINITY_REASONS: tuple[str, ...] = ("affinity_hold_baseline",)
+AFFINITY_REASONS: tuple[str, ...] = ("affinity_hold_baseline", "affinity_hold_eagle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,7 @@ class AffinityPrices:
     load_ms: float = 50.0
     balance_abs: float = 8.0
     balance_rel: float = 2.0
+    min_match: float = 0.5
     expected_output_tokens: int = 256
     eagle_saving_ms_per_token: float = 2.0
 
@@ -58,7 +64,8 @@ class GroupAffinity:
     def cost(self, group: str, load: float, least: float) -> float:
         p = self.prices
         held = self.held.get(group, 0.0)
-        if load > p.balance_rel * least + p.balance_abs:
+        if (load > p.balance_rel * least + p.balance_abs
+                or held < p.min_match * self.prompt_tokens):
             held = 0.0
         uncached = max(0.0, self.prompt_tokens - held)
         return uncached * p.prefill_ms_per_token * (1.0 + load) + load * p.load_ms
@@ -79,20 +86,33 @@ def eagle_saving_ms(predictions: Mapping[Pool, PoolPrediction] | None,
     return max(0.0, per_token) * prices.expected_output_tokens
 
 
+def baseline_saving_ms(predictions: Mapping[Pool, PoolPrediction]) -> float:
+    """What the baseline saves on one answer against EAGLE-3 at the predicted load."""
+    return max(0.0, predictions["eagle"].tpot_ms - predictions["baseline"].tpot_ms)
+
+
 def hold_pool(decision: Decision, group: GroupView, held: Mapping[str, float],
-              prices: AffinityPrices,
-              predictions: Mapping[Pool, PoolPrediction] | None = None) -> Decision:
-    """`decision` (a strategy's choice for a request in `group`), or the baseline with
-    `affinity_hold_baseline` when moving the request's prefix to EAGLE-3 costs more than
-    EAGLE-3 saves; `held` maps backend names to the prompt tokens each holds."""
-    if decision.pool != "eagle":
+              prices: AffinityPrices) -> Decision:
+    """`decision` (a strategy's choice for a request in `group`), or the other pool of
+    the group when the request's prefix is there and moving it costs more prefill than
+    the decided pool saves on the answer; `held` maps backend names to the prompt tokens
+    each holds. Kept on the baseline: `affinity_hold_baseline`. Kept on EAGLE-3
+    (`affinity_hold_eagle`) only where the decision carries the cost model's predictions:
+    without them a decision for the baseline is the strategy's answer to sustained load,
+    which nothing here can price."""
+    on = {pool: max((held.get(b.name, 0.0) for b in group.healthy_servers(pool)), default=0.0)
+          for pool in ("eagle", "baseline")}
+    other: Pool = "baseline" if decision.pool == "eagle" else "eagle"
+    extra = on[other] - on[decision.pool]
+    if extra <= 0:
         return decision
-    on_eagle = max((held.get(b.name, 0.0) for b in group.healthy_servers("eagle")), default=0.0)
-    on_base = max((held.get(b.name, 0.0) for b in group.healthy_servers("baseline")),
-                  default=0.0)
-    if on_base <= on_eagle:
+    preds = decision.predictions
+    if decision.pool == "eagle":
+        saving = eagle_saving_ms(preds, prices)
+    elif preds is not None and "eagle" in preds and "baseline" in preds:
+        saving = baseline_saving_ms(preds) * prices.expected_output_tokens
+    else:
         return decision
-    preds = predictions if predictions is not None else decision.predictions
-    if switch_cost_ms(on_base - on_eagle, decision.load, prices) <= eagle_saving_ms(preds, prices):
+    if switch_cost_ms(extra, decision.load, prices) <= saving:
         return decision
-    return replace(decision, pool="baseline", reason="affinity_hold_baseline", recalls=False)
+    return replace(decision, pool=other, reason=f"affinity_hold_{other}", recalls=False)

@@ -1,12 +1,12 @@
 """The router's affinity state: one prefix index per backend, the session table and the
 counts GET /policy and /metrics show. Runs on the router's event loop; not thread-safe.
 
-What holds across router replicas: each replica indexes only what it routed itself.
-Sessions that send a session key land in the same group from every replica (its home
-group, by rendezvous hashing over the groups) unless load moves them; requests without
-one are matched only by the replica that saw their earlier turns. The engines' caches
-are shared by all replicas, so a replica that does not know a prefix costs at most one
-miss per session before it learns it.
+What holds across router replicas: each replica indexes only what it routed itself, so
+a request is matched only by the replica that saw its earlier turns. With
+`session_home`, sessions that send a session key land in the same group from every
+replica (its home group, by rendezvous hashing over the groups) unless load moves them.
+The engines' caches are shared by all replicas, so a replica that does not know a prefix
+costs at most one miss per session before it learns it.
 """
 
 from __future__ import annotations
@@ -107,11 +107,12 @@ class AffinityTracker:
 
 
 def group_affinity(lookup: Lookup | None, groups: Sequence[GroupView], session: str | None,
-                   prices: AffinityPrices) -> GroupAffinity | None:
+                   prices: AffinityPrices, session_home: bool = False) -> GroupAffinity | None:
     """The group choice's view of one request: per group the most prompt tokens one of
-    its healthy servers holds. When no server is believed to hold any and the client
-    named a session, the session's home group is priced as holding the whole prompt, so
-    every replica places a new session in the same group (load permitting)."""
+    its healthy servers holds. With `session_home`, when no server is believed to hold
+    any and the client named a session, the session's home group is priced as holding
+    the whole prompt, so every replica places a session in the same group (load
+    permitting), at the price of placing new sessions by hash rather than by load."""
     if lookup is None:
         return None
     held: dict[str, float] = {}
@@ -119,7 +120,7 @@ def group_affinity(lookup: Lookup | None, groups: Sequence[GroupView], session: 
         best = max((lookup.held.get(b.name, 0.0) for b in g.backends if b.healthy), default=0.0)
         if best > 0:
             held[g.name] = best
-    if not held and session is not None:
+    if session_home and not held and session is not None:
         home = home_group(session, [g.name for g in groups if g.any_healthy])
         if home is not None and lookup.prompt_tokens > 0:
             held[home] = lookup.prompt_tokens
@@ -130,6 +131,7 @@ def prices_of(settings: AffinitySettings) -> AffinityPrices:
     return AffinityPrices(
         prefill_ms_per_token=settings.prefill_ms_per_token, load_ms=settings.load_ms,
         balance_abs=settings.balance_abs, balance_rel=settings.balance_rel,
+        min_match=settings.min_match,
         expected_output_tokens=settings.expected_output_tokens,
         eagle_saving_ms_per_token=settings.eagle_saving_ms_per_token)
 

@@ -56,12 +56,24 @@ def test_group_affinity_takes_each_groups_best_healthy_server() -> None:
     assert a is not None and dict(a.held) == {"g0": 100.0, "g1": 50.0}
 
 
-def test_a_new_session_is_priced_as_held_by_its_home_group() -> None:
+def test_with_session_home_a_new_session_is_priced_as_held_by_its_home_group() -> None:
     groups = [group("g0"), group("g1"), group("g2")]
-    a = group_affinity(Lookup({}, 4000.0), groups, "session-1", PRICES)
+    assert group_affinity(Lookup({}, 4000.0), groups, "session-1", PRICES) is None
+    a = group_affinity(Lookup({}, 4000.0), groups, "session-1", PRICES, session_home=True)
     assert a is not None and list(a.held.values()) == [4000.0]
     home = next(iter(a.held))
     chosen = choose_group(groups, "inflight", random.Random(0), a)
     assert chosen is not None and chosen.name == home
-    assert group_affinity(Lookup({}, 4000.0), groups, None, PRICES) is None
-    assert group_affinity(None, groups, "session-1", PRICES) is None
+    assert group_affinity(Lookup({}, 4000.0), groups, None, PRICES, session_home=True) is None
+    assert group_affinity(None, groups, "session-1", PRICES, session_home=True) is None
+
+
+def test_a_group_holding_less_than_min_match_of_the_prompt_is_priced_as_holding_none() -> None:
+    # the first turn of a session shares only the system prompt with another session
+    groups = [group("g0", eagle=2), group("g1", eagle=1)]
+    first_turn = held({"g0": 4000.0}, 20_000.0)
+    chosen = choose_group(groups, "inflight", random.Random(0), first_turn)
+    assert chosen is not None and chosen.name == "g1"
+    later_turn = held({"g0": 19_000.0}, 20_000.0)
+    chosen = choose_group(groups, "inflight", random.Random(0), later_turn)
+    assert chosen is not None and chosen.name == "g0"
