@@ -148,6 +148,7 @@ def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration
                        ("EAGLE_URL" if a == eagle_url else "BASELINE_URL") for a in argv)
     result = {"policy": policy, "crossover": data.get("crossover"),
               "accept_length": data.get("accept_length"), "levels": data.get("levels"),
+              "cost_model": data.get("cost_model"),
               "command": command.replace(str(folder) + "/", ""), "time_scale": time_scale,
               "tag": tag}
     if cache_key is not None:
