@@ -15,10 +15,11 @@ saturation during on periods, `BURST_OFF` x saturation in between.
 Configs: `eagle` and `baseline` (each engine of the group alone, the other idles);
 `router`: `specrouter serve` with nothing set (what a new user gets; only the router's
 timers are moved to the simulator's clock, as in every scenario: `router_time_env`,
-`scaled_policy`); `router-calibrated`: the policy `specrouter calibrate` derives on the
-same group; `router-goodput`: the goodput strategy with the profile's cost model on top
-of that policy (the sweep's variant). The router runs all rates of a config in one
-process, so what it learns at one rate it keeps at the next, as a deployment would.
+`scaled_policy`); `router-calibrated`: what `specrouter calibrate` derives on the same
+group (its policy, and its fitted cost model when it fits one); `router-goodput`: the
+goodput strategy with the profile's cost model on top of that policy (the sweep's
+variant). The router runs all rates of a config in one process, so what it learns at
+one rate it keeps at the next, as a deployment would.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -224,13 +226,25 @@ def loads_of(profile: str, s: OpenLoopSettings) -> tuple[dict[str, Any], list[Lo
     return cap, loads
 
 
-def config_env(config: str, policy: dict[str, Any], scale: float, profile: str
-               ) -> dict[str, str]:
-    """Environment of one router config (see the module docstring)."""
+def config_env(config: str, calibration: dict[str, Any], scale: float, profile: str,
+               folder: Path) -> dict[str, str]:
+    """Environment of one router config (see the module docstring). The calibrated
+    config gets all that `specrouter calibrate` wrote: its policy and, when it fitted
+    one, its cost model (`--write-cost-model`'s form, served from a file as a user
+    would: `cost_model: {file: ...}`)."""
     if config == "router":
         return {**router_time_env(scale), "SPECROUTER_POLICY": json.dumps(scaled_policy({}, scale))}
-    return router_env(policy, "router" if config == "router-calibrated" else config, scale,
-                      profile)
+    policy = dict(calibration.get("policy") or {})
+    if config != "router-calibrated":
+        return router_env(policy, config, scale, profile)
+    env = router_env(policy, "router", scale, profile)
+    model = calibration.get("cost_model")
+    if model:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"calibrate-{profile}-cost-model.json"
+        path.write_text(json.dumps(model), encoding="utf-8")
+        env["SPECROUTER_COST_MODEL"] = json.dumps({"file": str(path)})
+    return env
 
 
 async def _replay(url: str, pids: dict[str, int], model: str, load: Load, scale: float,
@@ -255,7 +269,7 @@ def run_profile(profile: str, s: OpenLoopSettings, log: Any = print) -> dict[str
                            "configs": {}}
     log(f"  {profile}: saturation {cap['saturation_req_s']:.3g} req/s ({cap['better']}), "
         f"loads {[ld.name for ld in loads]}")
-    policy: dict[str, Any] = {}
+    folder = Path(s.out_dir) if s.out_dir else Path(tempfile.mkdtemp(prefix="openloop-"))
     with Stack() as stack:
         sim = stack.sim_group("gpu0", profile, scale, s.seed)
         model = served_model(sim.eagle_url)
@@ -266,8 +280,7 @@ def run_profile(profile: str, s: OpenLoopSettings, log: Any = print) -> dict[str
                 if config != "router" and s.calibrate and "calibration" not in out:
                     out["calibration"] = _calibration(sim.eagle_url, sim.baseline_url, profile,
                                                       scale, s, log)
-                    policy = dict(out["calibration"].get("policy") or {})
-                env = config_env(config, policy, scale, profile)
+                env = config_env(config, out.get("calibration") or {}, scale, profile, folder)
                 try:
                     router = stack.router(sim.backends(), env={**env, **s.router_env})
                 except RuntimeError as exc:

@@ -3,6 +3,7 @@ verdict arithmetic, and one tiny run end to end (simulator, router, report, plot
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -174,3 +175,29 @@ def test_tiny_open_loop_run_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / "openloop-seed-coding-router.csv").read_text().count("\n") == 1 + sum(
         len(ld.arrivals) for ld in loads)
     assert _children() <= before
+
+
+def test_configs_differ_only_by_what_a_user_would_set(tmp_path: Path) -> None:
+    model = {"format": "specrouter-cost-model", "version": 1, "nominal_accept_length": 2.0}
+    calibration = {"policy": {"mode": "auto", "strategy": "threshold", "switch_up": 0.7},
+                   "cost_model": model}
+    default = openloop.config_env("router", calibration, 0.1, "seed-coding", tmp_path)
+    assert "SPECROUTER_COST_MODEL" not in default
+    policy = json.loads(default["SPECROUTER_POLICY"])
+    # nothing but the router's time constants, on the simulator's clock
+    assert "strategy" not in policy and "switch_up" not in policy
+    assert all(key.endswith("_s") for key in policy)
+    assert float(default["SPECROUTER_TELEMETRY__INTERVAL_S"]) == pytest.approx(0.01)
+
+    calibrated = openloop.config_env("router-calibrated", calibration, 0.1, "seed-coding",
+                                     tmp_path)
+    assert json.loads(calibrated["SPECROUTER_POLICY"])["switch_up"] == 0.7
+    source = json.loads(calibrated["SPECROUTER_COST_MODEL"])
+    assert json.loads(Path(source["file"]).read_text()) == model
+    no_model = openloop.config_env("router-calibrated", {"policy": {}}, 0.1, "seed-coding",
+                                   tmp_path)
+    assert "SPECROUTER_COST_MODEL" not in no_model
+
+    goodput = openloop.config_env("router-goodput", calibration, 0.1, "seed-coding", tmp_path)
+    assert json.loads(goodput["SPECROUTER_POLICY"])["strategy"] == "goodput"
+    assert json.loads(goodput["SPECROUTER_COST_MODEL"])["profile"] == "seed-coding"
