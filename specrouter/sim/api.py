@@ -492,7 +492,7 @@ def _generate_body(server: SimServer, gen: Generation) -> dict[str, Any]:
         "e2e_latency": (now - req.arrival_real) / server.engine.clock.time_scale,
     }
     if req.verify_steps > 0:  # tokenizer_manager.py:3148-3172
-        proposed = req.verify_steps * (server.engine.profile.draft.num_draft_tokens - 1)
+        proposed = req.proposed_drafts
         meta.update({
             "spec_accept_rate": req.correct_drafts / proposed if proposed else 0.0,
             "spec_accept_length": req.generated / req.verify_steps,

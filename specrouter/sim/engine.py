@@ -60,6 +60,7 @@ class SimRequest:
     counted: bool = True  # False for /health's request (SGLang: log_metrics=False)
     verify_steps: int = 0  # EAGLE verify steps this request took part in
     correct_drafts: int = 0  # draft tokens accepted (the bonus token is not a draft)
+    proposed_drafts: int = 0  # draft tokens proposed (steps per verify; adaptive: varies)
     blocks: Blocks | None = None  # the prompt's prefix keys; None: never cached (/health)
     cached: int = 0  # prompt tokens found in the prefix cache at admission
     cache_node: Node | None = None  # the cached prefix this request holds locked
@@ -565,6 +566,7 @@ class Engine:
         step_tokens = 0
         live = 0
         correct: list[int] = []
+        proposed = steps if self.adaptive is not None else self.profile.draft.num_draft_tokens - 1
         for req in batch:
             if req.done:
                 continue
@@ -573,6 +575,7 @@ class Engine:
             live += 1
             req.verify_steps += 1
             req.correct_drafts += n - 1
+            req.proposed_drafts += proposed
             correct.append(n - 1)
             self._emit(req, n, end)
         if self.adaptive is not None:
