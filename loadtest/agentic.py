@@ -46,12 +46,12 @@ class AgenticShape:
     """Sizes of the agentic workload, in tokens (simulated seconds for times)."""
 
     system_tokens: int = 3000  # shared system prompt + tool definitions
-    repo_tokens_min: int = 8000  # per-session repository context
-    repo_tokens_max: int = 16000
-    turn_tokens_median: float = 1200.0  # what a turn adds (tool result / user message)
-    turn_tokens_sigma: float = 0.8
-    turn_tokens_min: int = 200
-    turn_tokens_max: int = 4000
+    repo_tokens_min: int = 14000  # per-session repository context
+    repo_tokens_max: int = 22000
+    turn_tokens_median: float = 1800.0  # what a turn adds (tool result / user message)
+    turn_tokens_sigma: float = 0.7
+    turn_tokens_min: int = 300
+    turn_tokens_max: int = 6000
     context_target_min: int = 30000  # a session ends once its context passes its target
     context_target_max: int = 40000
     max_turns: int = 24

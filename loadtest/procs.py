@@ -183,35 +183,51 @@ class Stack:
 
     def sim_group(self, group: str, profile: str, time_scale: float, seed: int = 7,
                   extra_args: Sequence[str] = ()) -> SimGroup:
+        sim = self._launch_group(group, profile, time_scale, seed, extra_args)
+        self._wait_group(sim)
+        return sim
+
+    def _launch_group(self, group: str, profile: str, time_scale: float, seed: int,
+                      extra_args: Sequence[str]) -> SimGroup:
         eagle_port, baseline_port = free_port(), free_port()
         child = self.start(Child(f"sim {group}", specrouter_argv(
             "sim", "--group", group, "--eagle-port", str(eagle_port),
             "--baseline-port", str(baseline_port), "--profile", profile,
             "--time-scale", repr(time_scale), "--seed", str(seed), "--host", "127.0.0.1",
             *extra_args)))
-        sim = SimGroup(group, f"http://127.0.0.1:{eagle_port}",
-                       f"http://127.0.0.1:{baseline_port}", child)
-        child.wait_http(f"{sim.eagle_url}/v1/models")
-        child.wait_http(f"{sim.baseline_url}/v1/models")
-        return sim
+        return SimGroup(group, f"http://127.0.0.1:{eagle_port}",
+                        f"http://127.0.0.1:{baseline_port}", child)
+
+    @staticmethod
+    def _wait_group(sim: SimGroup) -> None:
+        sim.child.wait_http(f"{sim.eagle_url}/v1/models")
+        sim.child.wait_http(f"{sim.baseline_url}/v1/models")
 
     def sim_groups(self, count: int, profile: str, time_scale: float, seed: int = 7,
                    extra_args: Sequence[str] = ()) -> list[SimGroup]:
-        """`count` simulated GPU groups, gpu0, gpu1, ... (each its own process and GPU)."""
-        return [self.sim_group(f"gpu{i}", profile, time_scale, seed, extra_args)
+        """`count` simulated GPU groups, gpu0, gpu1, ... (each its own process and GPU),
+        started together."""
+        sims = [self._launch_group(f"gpu{i}", profile, time_scale, seed, extra_args)
                 for i in range(count)]
+        for sim in sims:
+            self._wait_group(sim)
+        return sims
 
-    def sim_single(self, name: str, kind: str, profile: str, time_scale: float,
-                   seed: int = 7, extra_args: Sequence[str] = ()) -> SimEngine:
-        """One simulated engine alone on its GPU (`specrouter sim --single KIND`)."""
-        port = free_port()
-        child = self.start(Child(f"sim {name}", specrouter_argv(
-            "sim", "--group", name, "--single", kind, "--port", str(port),
-            "--profile", profile, "--time-scale", repr(time_scale), "--seed", str(seed),
-            "--host", "127.0.0.1", *extra_args)))
-        engine = SimEngine(name, kind, f"http://127.0.0.1:{port}", child)
-        child.wait_http(f"{engine.url}/v1/models")
-        return engine
+    def sim_singles(self, count: int, kind: str, profile: str, time_scale: float,
+                    seed: int = 7, extra_args: Sequence[str] = ()) -> list[SimEngine]:
+        """`count` simulated engines gpu0, gpu1, ..., each alone on its GPU
+        (`specrouter sim --single KIND`), started together."""
+        engines: list[SimEngine] = []
+        for i in range(count):
+            port = free_port()
+            child = self.start(Child(f"sim gpu{i}", specrouter_argv(
+                "sim", "--group", f"gpu{i}", "--single", kind, "--port", str(port),
+                "--profile", profile, "--time-scale", repr(time_scale), "--seed", str(seed),
+                "--host", "127.0.0.1", *extra_args)))
+            engines.append(SimEngine(f"gpu{i}", kind, f"http://127.0.0.1:{port}", child))
+        for engine in engines:
+            engine.child.wait_http(f"{engine.url}/v1/models")
+        return engines
 
     def stop(self, child: Child) -> None:
         """Stop one child before the others (e.g. a router between two sweeps)."""

@@ -42,10 +42,11 @@ from loadtest.agentic import (
     system_prompt,
 )
 from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
-from loadtest.procs import Stack, served_model, sim_options, sim_state
+from loadtest.procs import SimGroup, Stack, served_model, sim_options, sim_state
 from loadtest.scenarios import peer
 from loadtest.scenarios.common import CpuWatch, run_async, saturated
 from loadtest.scenarios.sweep import router_env
+from specrouter.sim.profile import load_profile
 
 CONFIGS = ("eagle", "baseline", "router-noaffinity", "router", "sglang-cache_aware",
            "sglang-round_robin", "adaptive")
@@ -59,12 +60,14 @@ TARGET_VS_CACHE_AWARE = 1.1
 TARGET_VS_ADAPTIVE = 1.0
 CACHED_SHARE_POINTS = 5.0
 
-# The router's settings per config on top of the goodput strategy with the profile's cost
-# model (no calibration needed): affinity on or off.
+# The router's settings per config, on top of the goodput strategy with the profile's cost
+# model (no calibration needed): affinity off, or on with each backend's cache as big as
+# that engine's KV pool (read from /sim/state) and the profile's prefill cost per token.
 ROUTER_AFFINITY_ENV: dict[str, dict[str, str]] = {
-    "router-noaffinity": {},
-    "router": {},
+    "router-noaffinity": {"SPECROUTER_AFFINITY__ENABLED": "false"},
+    "router": {"SPECROUTER_AFFINITY__ENABLED": "true"},
 }
+SESSION_HEADER = "x-session-id"
 # Simulator flags every engine gets when this simulator has them.
 SIM_FLAGS = ("--enable-cache-report",)
 ADAPTIVE_KIND = "adaptive"
@@ -189,6 +192,15 @@ def _engine_counters(urls: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def affinity_env(groups: Sequence[SimGroup], profile: str) -> dict[str, str]:
+    """The affinity index sized like each engine's KV pool, prefill priced by the profile."""
+    caches = {b["name"]: int(sim_state(b["url"])["kv_capacity_tokens"])
+              for g in groups for b in g.backends()}
+    prefill = load_profile(profile).prefill_per_token_ms
+    return {"SPECROUTER_AFFINITY__CACHE_TOKENS_BY_BACKEND": json.dumps(caches),
+            "SPECROUTER_AFFINITY__PREFILL_MS_PER_TOKEN": repr(prefill)}
+
+
 def _sim_args(options: str) -> list[str]:
     return [flag for flag in SIM_FLAGS if flag in options]
 
@@ -207,8 +219,7 @@ def run_config(config: str, profile: str, rate: float, s: AgenticSettings,
         if config == "adaptive":
             if f"{{{ADAPTIVE_KIND}" not in options and f",{ADAPTIVE_KIND}" not in options:
                 return {"error": "this simulator has no adaptive engine kind"}
-            engines = [stack.sim_single(f"gpu{i}", ADAPTIVE_KIND, profile, scale, s.seed,
-                                        extra) for i in range(GROUPS)]
+            engines = stack.sim_singles(GROUPS, ADAPTIVE_KIND, profile, scale, s.seed, extra)
             engine_urls = [e.url for e in engines]
             pids.update({f"sim{i}": e.child.pid for i, e in enumerate(engines)})
             targets = engine_urls
@@ -220,7 +231,7 @@ def run_config(config: str, profile: str, rate: float, s: AgenticSettings,
                 targets = [getattr(g, f"{config}_url") for g in groups]
             elif config.startswith("router"):
                 env = {**router_env({}, "router-goodput", scale, profile),
-                       **ROUTER_AFFINITY_ENV[config]}
+                       **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile)}
                 router = stack.router([b for g in groups for b in g.backends()], env=env)
                 pids["router"] = router.child.pid
                 targets = [router.url]
@@ -234,7 +245,8 @@ def run_config(config: str, profile: str, rate: float, s: AgenticSettings,
             else:
                 raise ValueError(f"unknown agentic config {config!r}")
         model = served_model(engine_urls[0])
-        player = Player(targets, model, system_prompt(shape, s.seed), scale)
+        player = Player(targets, model, system_prompt(shape, s.seed), scale,
+                        session_header=SESSION_HEADER)
         watch = CpuWatch(pids)
         started = time.perf_counter()
 
