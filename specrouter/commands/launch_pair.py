@@ -8,8 +8,16 @@ either exits, the other is stopped and launch-pair exits non-zero, for the conta
 runtime to restart the pair as one unit.
 
 SGLang is never imported here (the proxy must not depend on it): the servers are
-subprocesses, `python -m sglang.launch_server ...` by default, or any command given with
-`--eagle-cmd` / `--baseline-cmd` (how the tests run the simulator in their place).
+subprocesses, `python -m sglang.launch_server <flags>`, where the program part can be
+replaced with `--eagle-cmd` / `--baseline-cmd` (how the tests run stand-ins). Commands are
+split like a shell splits them and never templated: the planned flags and then
+`--{role}-extra-args` are appended as separate arguments, so braces or quotes in them reach
+SGLang unchanged.
+
+Each server runs in its own process group (SGLang forks a scheduler and a detokenizer).
+Stopping a server always signals its whole group, also when the leader has already died
+(its children may still hold the GPU), waits until the group is empty, and SIGKILLs what
+is left after `--stop-timeout`.
 """
 
 from __future__ import annotations
@@ -38,16 +46,16 @@ from specrouter.commands.plan import (
     server_args,
 )
 
-DEFAULT_CMD = "{python} -m sglang.launch_server {sglang_args}"
+GROUP_POLL_S = 0.05
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_plan_arguments(parser)
     launch = parser.add_argument_group("launch")
-    launch.add_argument("--eagle-cmd", default=DEFAULT_CMD,
-                        help="command template for the EAGLE server; fields {python} "
-                             "{sglang_args} {host} {port} {mem_fraction_static}")
-    launch.add_argument("--baseline-cmd", default=DEFAULT_CMD, help="same, baseline server")
+    launch.add_argument("--eagle-cmd",
+                        help="program that serves the EAGLE server, shell-split; its SGLang "
+                             "flags are appended (default: this python -m sglang.launch_server)")
+    launch.add_argument("--baseline-cmd", help="same, baseline server")
     launch.add_argument("--ready-timeout", type=float, default=1800.0,
                         help="seconds a server may take to become ready (weights load)")
     launch.add_argument("--stop-timeout", type=float, default=30.0,
@@ -74,9 +82,38 @@ class Server:
         return None if self.proc is None else self.proc.poll()
 
     def signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
+        """Signal the server's whole process group, whether or not its leader still runs."""
+        if self.proc is not None:
+            self.proc.poll()  # reap a dead leader first: a zombie would count as a member
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, sig)
+
+    def group_alive(self) -> bool:
+        """Whether any process of the server's group is left (reaping those that are ours)."""
+        if self.proc is None:
+            return False
+        self.proc.poll()
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-self.proc.pid, os.WNOHANG)[0] > 0:
+                pass
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def stop(self, deadline: float, stop_timeout: float) -> None:
+        """Wait for the group to empty until `deadline`, then SIGKILL what is left of it."""
+        while self.group_alive():
+            if time.monotonic() >= deadline:
+                _log(f"{self.role}: processes left {stop_timeout:.0f}s after SIGTERM: SIGKILL")
+                self.signal(signal.SIGKILL)
+                while self.group_alive():
+                    time.sleep(GROUP_POLL_S)
+                return
+            time.sleep(GROUP_POLL_S)
 
     def is_ready(self) -> bool:
         """`/ready` (SGLang 0.5.23+), else `/health` (older: 404 on /ready)."""
@@ -90,19 +127,19 @@ class Server:
         return False
 
 
-def build_command(template: str, role: Role, plan: Plan, args: argparse.Namespace) -> list[str]:
-    port = args.eagle_port if role == "eagle" else args.baseline_port
-    fields = {
-        "python": shlex.quote(sys.executable),
-        "sglang_args": shlex.join(server_args(plan, role, args)),
-        "host": shlex.quote(args.host),
-        "port": str(port),
-        "mem_fraction_static": str(plan.by_role(role).mem_fraction_static),
-    }
-    try:
-        return shlex.split(template.format(**fields))
-    except (KeyError, IndexError, ValueError) as exc:
-        raise PlanError(f"bad --{role}-cmd template {template!r}: {exc}") from None
+def build_command(program: str | None, role: Role, plan: Plan,
+                  args: argparse.Namespace) -> list[str]:
+    """The program (shell-split, not templated) followed by the server's planned flags."""
+    if program is None:
+        prefix = [sys.executable, "-m", "sglang.launch_server"]
+    else:
+        try:
+            prefix = shlex.split(program)
+        except ValueError as exc:
+            raise PlanError(f"--{role}-cmd {program!r}: {exc}") from None
+        if not prefix:
+            raise PlanError(f"--{role}-cmd is empty")
+    return prefix + server_args(plan, role, args)
 
 
 class Supervisor:
@@ -114,6 +151,7 @@ class Supervisor:
         self.stop_timeout = stop_timeout
         self.stop_requested = threading.Event()
         self.received: int | None = None
+        self.forwarded = False
 
     def on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.received = signum
@@ -171,21 +209,16 @@ class Supervisor:
              f"to both servers")
         for server in self.servers:
             server.signal(signum)
+        self.forwarded = True
         return 0
 
     def _stop_all(self) -> None:
-        for server in self.servers:
-            server.signal(signal.SIGTERM)
+        if not self.forwarded:
+            for server in self.servers:
+                server.signal(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout
         for server in self.servers:
-            if server.proc is None:
-                continue
-            try:
-                server.proc.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                _log(f"{server.role} ignored SIGTERM for {self.stop_timeout:.0f}s: SIGKILL")
-                server.signal(signal.SIGKILL)
-                server.proc.wait()
+            server.stop(deadline, self.stop_timeout)
 
 
 def _log(message: str) -> None:

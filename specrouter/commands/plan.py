@@ -83,7 +83,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--baseline-max-running-requests", type=int, default=256)
     srv.add_argument("--eagle-extra-args", default="",
                      help="more SGLang flags for the EAGLE server, one shell-quoted string "
-                          "(split like a shell does, no templating)")
+                          "(split like a shell does, no templating); write it "
+                          "--eagle-extra-args='--flag value' since it starts with --")
     srv.add_argument("--baseline-extra-args", default="", help="same, baseline server")
 
 

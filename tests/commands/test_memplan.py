@@ -251,11 +251,11 @@ def test_cli_text_prints_kv_and_cache_capacity_and_the_derived_headroom() -> Non
 
 def test_cli_extra_args_are_shell_split_with_braces_kept() -> None:
     done = _cli("--eagle-kv-tokens", "200000", "--json",
-                "--baseline-extra-args", """--json-model-override-args '{"rope": 1}' --x""")
+                """--baseline-extra-args=--json-model-override-args '{"rope": 1}' --x""")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["flags"]["baseline"][-3:] == [
         "--json-model-override-args", '{"rope": 1}', "--x"]
-    bad = _cli("--eagle-kv-tokens", "200000", "--eagle-extra-args", "--x 'unclosed")
+    bad = _cli("--eagle-kv-tokens", "200000", "--eagle-extra-args=--x 'unclosed")
     assert bad.returncode == 2 and "--eagle-extra-args" in bad.stderr
 
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import signal
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv, wait_until
 
+SIM = str(Path(__file__).with_name("sim_as_sglang.py"))
+
 
 def test_launch_pair_runs_two_simulated_servers(process_factory) -> None:
     eagle_port, baseline_port = free_port(), free_port()
-    sim = "{python} -m specrouter sim --single %s --port {port} --time-scale 0.05"
+    sim = f"{sys.executable} {SIM} --role %s"
     proc = ManagedProcess(specrouter_argv(
         "launch-pair", "--gpu-mem-gib", "139.8", "--model-gib", "14.96", "--draft-gib", "0.8",
         "--model-shape", "llama3-8b", "--eagle-kv-tokens", "200000",
