@@ -20,7 +20,7 @@ from specrouter.sim.gpu import SharedGpu, SimClock
 from specrouter.sim.profile import EngineDefaults, load_profile
 from specrouter.sim.radix import RadixCache
 from specrouter.sim.text import WordStream, chat_prompt_tokens, count_text_tokens
-from tests.fixtures.sim import SimEngine
+from tests.fixtures.sim import SimEngine, SimGroup
 
 SYSTEM = "You are a coding agent. " * 400  # ~2400 tokens of shared system prompt
 
@@ -229,3 +229,22 @@ def test_hit_rate_window_keeps_fifteen_seconds() -> None:
     assert window.rate() == pytest.approx(0.45)
     window.add(0, 0, now=15.5)  # the first sample is older than 15 s
     assert window.rate() == 0.0
+
+
+def test_the_memory_split_of_a_pair_decides_its_hit_rates(
+        sim_group: Callable[..., SimGroup]) -> None:
+    group = sim_group(time_scale=0.005, extra_args=(
+        "--eagle-max-total-tokens", "2000", "--baseline-max-total-tokens", "900000"))
+    hits = {}
+    for pool in ("eagle", "baseline"):
+        assert httpx.get(f"{group.url(pool)}/server_info").json()["max_total_num_tokens"] == \
+            (2000 if pool == "eagle" else 900000)
+        messages = _chat("first question")
+        for _ in range(2):
+            answer = httpx.post(f"{group.url(pool)}/v1/chat/completions", json={
+                "model": "m", "messages": messages, "max_tokens": 8}).json()
+            messages = [*messages, answer["choices"][0]["message"],
+                        {"role": "user", "content": "next"}]
+        hits[pool] = group.state(pool)["cached_tokens"]
+    assert hits["eagle"] == 0  # a 2000-token pool cannot keep a 2400-token session
+    assert hits["baseline"] > 2400
