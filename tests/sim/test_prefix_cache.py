@@ -160,7 +160,7 @@ def _gauge(url: str, name: str) -> float:
 
 def test_cached_tokens_reported_as_sglang_reports_them(
         sim_engine: Callable[..., SimEngine]) -> None:
-    engine = sim_engine("baseline", time_scale=0.01, extra_args=("--enable-cache-report",))
+    engine = sim_engine("baseline", time_scale=0.005, extra_args=("--enable-cache-report",))
     client = openai.OpenAI(base_url=f"{engine.url}/v1", api_key="none")
     messages = _chat("explain the repository")
     first = client.chat.completions.create(model="m", messages=messages,  # type: ignore[arg-type]
