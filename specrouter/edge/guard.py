@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from specrouter.edge.writer import CycleChunkWriter
 from specrouter.errors import openai_error_body
+from specrouter.proxy.response import CHUNK_WRITER
 
 
 def _response(status: int, reason: bytes, message: str) -> bytes:
@@ -111,6 +113,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise _HeadRefused  # stops the parser; send_400_response stays quiet
         if not self._over_concurrency():
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle.scope is self.scope:
+                # the app may write its stream's chunks past `send` (`edge.writer`)
+                extensions: dict[str, Any] = {CHUNK_WRITER: CycleChunkWriter(self.cycle)}
+                self.scope["extensions"] = extensions
             return
         # uvicorn would answer its own plain-text 503; clients parse OpenAI errors. Its
         # limit check is switched off for this one request, which our app then refuses.

@@ -45,9 +45,10 @@ from specrouter.proxy.request import (
     request_info,
 )
 from specrouter.proxy.response import (
+    CHUNK_WRITER,
+    StreamRelay,
     ended_with_done,
     is_event_stream,
-    keep_tail,
     read_whole,
     response_headers,
     send_json,
@@ -56,6 +57,7 @@ from specrouter.proxy.response import (
 )
 from specrouter.proxy.shadow import ShadowProber, probe_body
 from specrouter.proxy.upstream import (
+    ChunkWriter,
     RawHeaders,
     RequestBody,
     Upstream,
@@ -161,13 +163,16 @@ class RequestCycle:
     """
 
     __slots__ = ("body", "client_gone", "client_rids", "finished", "generation", "head",
-                 "info", "method", "path", "proxy", "router", "send")
+                 "info", "method", "path", "proxy", "router", "send", "writer")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
                  body: RequestBody, info: RequestInfo, generation: bool = False) -> None:
         self.proxy = proxy
         self.router = proxy.router
         self.send = send
+        extensions = scope.get("extensions")
+        self.writer: ChunkWriter | None = (extensions.get(CHUNK_WRITER)
+                                           if extensions is not None else None)
         self.head = head
         self.body = body
         self.info = info
@@ -341,13 +346,18 @@ class RequestCycle:
         """Pass SSE chunks through as they arrive; end a broken stream with an error event.
         Returns what went wrong upstream, if anything. The response head leaves with the
         first chunk; before it, a recall raises Recalled and, while a retry is possible, a
-        first event with a retryable status raises _Retry."""
+        first event with a retryable status raises _Retry. After the first chunk the body
+        is diverted to the client's chunk writer when the server offers one
+        (`CHUNK_WRITER`): chunks then go from the upstream's socket to the client's with
+        no ASGI message and no task switch; whatever the writer refuses comes back
+        through `iter_raw` and `send`, which waits for the client to drain."""
         target = attempt.target
         headers = response_headers(response.headers, target, self.head.request_id)
         start = {"type": "http.response.start", "status": response.status, "headers": headers}
         send = self.send
         started = False
-        tail = b""
+        relay = StreamRelay(self.writer)
+        direct = self.writer is not None
         error: str | None = None
         code = 502
         try:
@@ -359,12 +369,15 @@ class RequestCycle:
                 await send(start)
                 started = True
                 await send({"type": "http.response.body", "body": first, "more_body": True})
-                tail = keep_tail(tail, first)
+                relay.sent(first)
+                direct = direct and response.divert(relay.write)
                 async for chunk in chunks:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})
-                        tail = keep_tail(tail, chunk)
+                        relay.sent(chunk)
+                        if direct:
+                            response.divert(relay.write)
         except UpstreamTimeout as exc:
             error, code = f"backend went silent: {exc}", 504
         except UpstreamOverLimit as exc:
@@ -373,9 +386,10 @@ class RequestCycle:
             error = f"backend stream failed: {exc}"
         else:
             attempt.settled = True
-            if not ended_with_done(tail):
+            if not ended_with_done(relay.tail):
                 error = "backend closed the stream before [DONE]"
-        trailer = b"" if error is None else stream_error_trailer(target, tail, error, code)
+        trailer = (b"" if error is None
+                   else stream_error_trailer(target, relay.tail, error, code))
         self.finished = True
         if not started:
             await send(start)

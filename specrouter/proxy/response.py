@@ -10,7 +10,12 @@ from starlette.types import Send
 
 from specrouter.errors import JSON_HEADERS, sse_error_event
 from specrouter.proxy.request import HOP_BY_HOP, POOL_HEADER, REQUEST_ID
-from specrouter.proxy.upstream import RawHeaders, UpstreamOverLimit, UpstreamResponse
+from specrouter.proxy.upstream import (
+    ChunkWriter,
+    RawHeaders,
+    UpstreamOverLimit,
+    UpstreamResponse,
+)
 from specrouter.routing.router import Target
 
 log = logging.getLogger("specrouter.proxy")
@@ -21,6 +26,10 @@ _NOT_RELAYED = HOP_BY_HOP | {b"date", b"server", b"content-length", REQUEST_ID}
 # would reach the client and the router's metrics as if the router had said them.
 _OURS = b"x-specrouter-"
 STREAM_TAIL = 32  # bytes of a stream kept to check that it ended with `data: [DONE]`
+#: The scope extension under which a server offers a `ChunkWriter` to the client's
+#: connection: it writes one chunk of the chunked response the app already started, or
+#: refuses (returns False) whenever the app's `send` would have to wait or would drop it.
+CHUNK_WRITER = "specrouter.chunk_writer"
 
 
 def target_headers(target: Target, request_id: bytes) -> RawHeaders:
@@ -105,6 +114,26 @@ async def send_json(
 def keep_tail(tail: bytes, chunk: bytes) -> bytes:
     """The last STREAM_TAIL bytes of the stream after `chunk`."""
     return chunk[-STREAM_TAIL:] if len(chunk) >= STREAM_TAIL else (tail + chunk)[-STREAM_TAIL:]
+
+
+class StreamRelay:
+    """What a stream sent: `tail` of its bytes, and `write`, the client's chunk writer
+    keeping that tail, for an upstream to divert body bytes to."""
+
+    __slots__ = ("_client", "tail")
+
+    def __init__(self, client: ChunkWriter | None) -> None:
+        self._client = client
+        self.tail = b""
+
+    def sent(self, chunk: bytes) -> None:
+        self.tail = keep_tail(self.tail, chunk)
+
+    def write(self, chunk: bytes) -> bool:
+        if self._client is not None and self._client(chunk):
+            self.tail = keep_tail(self.tail, chunk)
+            return True
+        return False
 
 
 def ended_with_done(tail: bytes) -> bool:

@@ -9,7 +9,7 @@ client gets.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
 
 from specrouter.backends import Backend
@@ -18,6 +18,9 @@ from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 RawHeaders = list[tuple[bytes, bytes]]
 #: A request body as read once from the client; forwarded without another copy.
 RequestBody = bytes | bytearray
+#: Writes body bytes straight to the client; False when it cannot take them now (the
+#: client's buffer is full, the client left), and the bytes stay with the caller.
+ChunkWriter = Callable[[bytes], bool]
 
 
 class UpstreamError(Exception):
@@ -49,6 +52,14 @@ class UpstreamResponse(Protocol):
 
     def iter_raw(self) -> AsyncIterator[bytes]:
         """Body bytes as they arrive; raises UpstreamError/UpstreamTimeout on failure."""
+
+    def divert(self, write: ChunkWriter) -> bool:
+        """Hand the body bytes that arrive from now on to `write` as they arrive, without
+        waking the consumer, until `write` refuses some: those bytes and every later one
+        are buffered for `iter_raw` again, and the consumer arms `divert` anew once it
+        sent them. Bytes already buffered are never overtaken: while any wait for
+        `iter_raw`, new ones are buffered too. The end of the body, or a failure, still
+        ends `iter_raw`. False: the transport cannot divert; `iter_raw` carries every byte."""
 
     async def aclose(self) -> None:
         """Release the exchange. Closing before the body ended drops the connection, which

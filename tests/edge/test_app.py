@@ -16,6 +16,7 @@ from starlette.types import ASGIApp
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
 from specrouter.proxy.upstream import (
+    ChunkWriter,
     RawHeaders,
     RequestBody,
     UpstreamLocalError,
@@ -33,6 +34,9 @@ class Answer:
         self.status = 200
         self.headers = headers
         self._body = body
+
+    def divert(self, write: ChunkWriter) -> bool:
+        return False  # every chunk through iter_raw, as the httpx transport does
 
     async def iter_raw(self) -> AsyncIterator[bytes]:
         yield self._body
@@ -150,6 +154,9 @@ class EndlessAnswer:
         self.headers: RawHeaders = [(b"content-type", b"application/json")]
         self.sent = 0
         self.closed = False
+
+    def divert(self, write: ChunkWriter) -> bool:
+        return False  # every chunk through iter_raw, as the httpx transport does
 
     async def iter_raw(self) -> AsyncIterator[bytes]:
         while not self.closed:

@@ -17,7 +17,7 @@ from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
 from specrouter.proxy.abort import client_rids, with_rid
 from specrouter.proxy.first_event import event_status
-from specrouter.proxy.upstream import RawHeaders, UpstreamResponse
+from specrouter.proxy.upstream import ChunkWriter, RawHeaders, UpstreamResponse
 from tests.fixtures.fake_router import BACKENDS, ListRouter
 
 SSE = [(b"content-type", b"text/event-stream")]
@@ -44,6 +44,9 @@ class Scripted:
         self.chunks = chunks
         self.gate = gate
         self.closed = False
+
+    def divert(self, write: ChunkWriter) -> bool:
+        return False  # every chunk through iter_raw, as the httpx transport does
 
     async def iter_raw(self) -> AsyncIterator[bytes]:
         for chunk in self.chunks:

@@ -15,6 +15,7 @@ from specrouter.backends import Backend
 from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.observe.local_errors import local_resource_error
 from specrouter.proxy.upstream import (
+    ChunkWriter,
     RawHeaders,
     RequestBody,
     UpstreamError,
@@ -53,6 +54,9 @@ class HttpxResponse:
             raise UpstreamTimeout(_describe(exc)) from exc
         except httpx.HTTPError as exc:
             raise UpstreamError(_describe(exc)) from exc
+
+    def divert(self, write: ChunkWriter) -> bool:
+        return False  # httpx reads the body only when asked: every chunk goes through iter_raw
 
     async def aclose(self) -> None:
         await self._response.aclose()

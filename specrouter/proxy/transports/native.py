@@ -5,7 +5,9 @@ list of idle keep-alive connections per backend. Checking a connection out or in
 per body chunk the cost is one parser callback and one list append. It speaks only what
 the router needs: one request per connection at a time, bodies sent whole (a large one in
 slices as the socket drains, never copied), responses streamed, interim 1xx answers
-skipped. A response head is bounded in bytes and header count (`LimitSettings`).
+skipped. A diverted body (`NativeResponse.divert`) goes from the parser callback straight
+to the client's writer: no task wakes, no future is made, per chunk. A response head is
+bounded in bytes and header count (`LimitSettings`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from specrouter.backends import Backend
 from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.observe.local_errors import local_resource_error
 from specrouter.proxy.upstream import (
+    ChunkWriter,
     RawHeaders,
     RequestBody,
     UpstreamError,
@@ -59,6 +62,7 @@ class Connection(asyncio.Protocol):
         self.headers: RawHeaders = []
         self._head: asyncio.Future[None] | None = None
         self._chunks: list[bytes] = []
+        self._divert: ChunkWriter | None = None
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
         self._error: UpstreamError | None = None
@@ -163,6 +167,11 @@ class Connection(asyncio.Protocol):
             self._finish()
 
     def on_body(self, body: bytes) -> None:
+        divert = self._divert
+        if divert is not None:
+            if not self._chunks and divert(body):
+                return
+            self._divert = None  # refused (or bytes wait ahead): buffered until re-armed
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -218,6 +227,7 @@ class Connection(asyncio.Protocol):
             if self._chunks:
                 # Chunks that arrived while the consumer was busy go out together: one
                 # write to the client instead of several, and nothing waits longer.
+                self._divert = None  # nothing overtakes them: the consumer re-arms it
                 chunks, self._chunks = self._chunks, []
                 self._buffered = 0
                 if self._paused and self.transport is not None and not self.closed:
@@ -231,6 +241,9 @@ class Connection(asyncio.Protocol):
                 return
             self._waiter = self._loop.create_future()
             await self._waiter
+
+    def divert(self, write: ChunkWriter) -> None:
+        self._divert = write
 
     @property
     def reusable(self) -> bool:
@@ -404,6 +417,10 @@ class NativeResponse:
 
     def iter_raw(self) -> AsyncIterator[bytes]:
         return self._conn.iter_body()
+
+    def divert(self, write: ChunkWriter) -> bool:
+        self._conn.divert(write)
+        return True
 
     async def aclose(self) -> None:
         if not self._released:

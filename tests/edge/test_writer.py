@@ -1,0 +1,87 @@
+"""The client's chunk writer on uvicorn's own request/response cycle: it writes exactly the
+bytes uvicorn's `send` writes for a chunk of a chunked response, and refuses whenever
+`send` would wait (the client's buffer is full), drop the bytes (client gone, response
+complete) or frame them otherwise (not started, a sized body, HEAD)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from specrouter.edge.writer import CycleChunkWriter
+
+STREAM_HEAD = [(b"content-type", b"text/event-stream")]
+
+
+class Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closing = False
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+def cycle(method: str = "POST") -> tuple[RequestResponseCycle, Transport]:
+    transport = Transport()
+    log = logging.getLogger("test")
+    scope: Any = {"type": "http", "method": method, "path": "/v1/chat/completions",
+                  "headers": []}
+    made = RequestResponseCycle(scope, transport, FlowControl(transport), log, log, False, [],
+                                asyncio.Event(), False, True, lambda: None)
+    return made, transport
+
+
+async def start(c: RequestResponseCycle, headers: list[tuple[bytes, bytes]]) -> None:
+    await c.send({"type": "http.response.start", "status": 200, "headers": headers})
+
+
+def test_the_writer_writes_what_send_writes() -> None:
+    async def scenario() -> None:
+        by_send, sent = cycle()
+        by_writer, written = cycle()
+        for c in (by_send, by_writer):
+            await start(c, STREAM_HEAD)
+        for data in (b"data: {}\n\n", b"data: [DONE]\n\n"):
+            await by_send.send({"type": "http.response.body", "body": data, "more_body": True})
+            assert CycleChunkWriter(by_writer)(data)
+        assert bytes(written.written) == bytes(sent.written)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("state", ["not started", "sized body", "HEAD", "client gone",
+                                   "closing", "buffer full", "complete"])
+def test_the_writer_refuses_where_send_would_not_write_a_chunk(state: str) -> None:
+    async def scenario() -> None:
+        c, transport = cycle("HEAD" if state == "HEAD" else "POST")
+        if state == "sized body":
+            await start(c, [(b"content-length", b"5")])
+        elif state != "not started":
+            await start(c, STREAM_HEAD)
+        if state == "client gone":
+            c.disconnected = True
+        elif state == "closing":
+            transport.closing = True
+        elif state == "buffer full":
+            c.flow.pause_writing()
+        elif state == "complete":
+            await c.send({"type": "http.response.body", "body": b"", "more_body": False})
+        before = bytes(transport.written)
+        assert not CycleChunkWriter(c)(b"data: {}\n\n")
+        assert bytes(transport.written) == before
+
+    asyncio.run(scenario())

@@ -1,0 +1,126 @@
+"""A diverted body (`NativeResponse.divert`): chunks go to the writer as they arrive; a
+refused chunk, and every later one, come back through `iter_raw` in order until the
+consumer arms the writer again; the end of the body still ends `iter_raw`.
+
+A real loopback HTTP server (asyncio) writes the chunked answer one chunk per step, each
+step started by the test, so the order of arrivals is the test's."""
+
+from __future__ import annotations
+
+import asyncio
+
+from specrouter.backends import Backend
+from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
+from specrouter.proxy.transports.httpx import HttpxUpstream
+from specrouter.proxy.transports.native import NativeUpstream
+from specrouter.proxy.upstream import Upstream
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+class Steps:
+    """The server's side: `send(data)` writes one chunk, `end()` the last one."""
+
+    def __init__(self) -> None:
+        self.out: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(HEAD)
+        while (data := await self.out.get()) is not None:
+            writer.write(chunk(data) if data else b"0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+
+class Writer:
+    """A client writer that takes chunks until told to refuse; `got` wakes on each."""
+
+    def __init__(self) -> None:
+        self.taken: list[bytes] = []
+        self.refuse = False
+        self.got = asyncio.Event()
+
+    def __call__(self, data: bytes) -> bool:
+        self.got.set()
+        if self.refuse:
+            return False
+        self.taken.append(data)
+        return True
+
+
+def _upstream(kind: type[NativeUpstream] | type[HttpxUpstream], port: int) -> Upstream:
+    upstream: Upstream = kind(Backend("b", f"http://127.0.0.1:{port}", "eagle", "g"),
+                              TimeoutSettings(first_byte=5.0), UpstreamSettings(),
+                              LimitSettings())
+    return upstream
+
+
+def test_diverted_chunks_skip_iter_raw_and_refused_ones_come_back_in_order() -> None:
+    async def scenario() -> None:
+        steps = Steps()
+        server = await asyncio.start_server(steps.serve, "127.0.0.1", 0)
+        upstream = _upstream(NativeUpstream, server.sockets[0].getsockname()[1])
+        try:
+            response = await upstream.open("POST", "/v1/chat/completions", [], b"{}",
+                                           stream=True)
+            chunks = response.iter_raw()
+            steps.out.put_nowait(b"first")
+            assert await anext(chunks) == b"first"
+            writer = Writer()
+            assert response.divert(writer)
+            for data in (b"a", b"b"):
+                writer.got.clear()
+                steps.out.put_nowait(data)
+                await writer.got.wait()
+            assert writer.taken == [b"a", b"b"]  # and nothing woke the consumer for them
+            writer.refuse = True
+            writer.got.clear()
+            steps.out.put_nowait(b"c")
+            await writer.got.wait()
+            assert await anext(chunks) == b"c"  # the refused chunk comes back
+            writer.refuse = False
+            writer.got.clear()
+            steps.out.put_nowait(b"d")
+            assert await anext(chunks) == b"d"  # not re-armed: d follows c through iter_raw
+            assert not writer.got.is_set()
+            response.divert(writer)  # the consumer sent c and d: armed again
+            steps.out.put_nowait(b"e")
+            steps.out.put_nowait(b"")
+            steps.out.put_nowait(None)
+            assert [x async for x in chunks] == []  # the end still ends iter_raw
+            assert writer.taken == [b"a", b"b", b"e"]
+            await response.aclose()
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+def test_the_httpx_transport_declines_to_divert() -> None:
+    async def scenario() -> None:
+        steps = Steps()
+        server = await asyncio.start_server(steps.serve, "127.0.0.1", 0)
+        upstream = _upstream(HttpxUpstream, server.sockets[0].getsockname()[1])
+        try:
+            response = await upstream.open("POST", "/v1/chat/completions", [], b"{}",
+                                           stream=True)
+            writer = Writer()
+            assert not response.divert(writer)
+            for data in (b"x", b"", None):
+                steps.out.put_nowait(data)
+            assert b"".join([c async for c in response.iter_raw()]) == b"x"
+            assert writer.taken == []
+            await response.aclose()
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
