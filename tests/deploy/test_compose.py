@@ -67,65 +67,13 @@ def test_compose_file_is_valid_under_the_compose_spec() -> None:
 
 def test_the_schema_catches_mistakes() -> None:
     broken = copy.deepcopy(raw_compose())
-    broken["services"]["baseline"]["depends_on"]["eagle"]["condition"] = "service_up"
+    broken["services"]["router"]["depends_on"]["engines-gpu0"]["condition"] = "service_up"
     with pytest.raises(jsonschema.ValidationError):
         validate(broken)
     broken = copy.deepcopy(raw_compose())
-    broken["services"]["eagle"]["deploy"]["resources"]["reservations"]["gpus"] = 1
+    broken["services"]["engines-gpu0"]["deploy"]["resources"]["reservations"]["gpus"] = 1
     with pytest.raises(jsonschema.ValidationError):
         validate(broken)
-
-
-def flags(service: dict[str, Any]) -> dict[str, str]:
-    out = {}
-    for item in service["command"]:
-        if item.startswith("--"):
-            key, _, value = item.partition("=")
-            out[key] = value
-    return out
-
-
-def test_both_servers_share_one_gpu_and_start_in_order() -> None:
-    services = compose_with_env()["services"]
-    devices = [services[s]["deploy"]["resources"]["reservations"]["devices"] for s in
-               ("eagle", "baseline")]
-    assert devices[0] == devices[1]
-    assert devices[0][0]["device_ids"] == ["0"] and devices[0][0]["capabilities"] == ["gpu"]
-    assert services["baseline"]["depends_on"]["eagle"]["condition"] == "service_healthy"
-    assert "/health" in " ".join(services["eagle"]["healthcheck"]["test"])
-    eagle, baseline = flags(services["eagle"]), flags(services["baseline"])
-    assert eagle["--speculative-algorithm"] == "EAGLE3"
-    for flag in ("--speculative-draft-model-path", "--speculative-num-steps",
-                 "--speculative-eagle-topk", "--speculative-num-draft-tokens",
-                 "--max-running-requests"):
-        assert eagle[flag]
-    assert "--enable-metrics" in eagle and "--enable-metrics" in baseline
-    assert (eagle["--mem-fraction-static"], baseline["--mem-fraction-static"]) == (
-        env_example()["EAGLE_MEM_FRACTION"], env_example()["BASELINE_MEM_FRACTION"])
-    assert services["eagle"]["image"].startswith("lmsysorg/sglang")
-
-
-def test_router_config_matches_the_engine_services() -> None:
-    services = compose_with_env()["services"]
-    settings = load_settings(COMPOSE_DIR / "specrouter.yaml", environ={})
-    ports = {name: flags(services[name])["--port"] for name in ("eagle", "baseline")}
-    urls = {b.pool: b.url for b in settings.backends}
-    assert urls == {"eagle": f"http://eagle:{ports['eagle']}",
-                    "baseline": f"http://baseline:{ports['baseline']}"}
-    assert {b.group for b in settings.backends} == {"gpu0"}
-    router_env = services["router"]["environment"]
-    assert router_env["SPECROUTER_REDIS_URL"].startswith("redis://redis:")
-    assert int(router_env["SPECROUTER_WORKERS"]) > 1
-    assert router_env["SPECROUTER_ADMIN_TOKEN"] == env_example()["SPECROUTER_ADMIN_TOKEN"]
-
-
-def test_prometheus_scrapes_router_and_both_servers() -> None:
-    prom = yaml.safe_load((COMPOSE_DIR / "prometheus.yml").read_text())
-    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"]
-               for t in sc["targets"]}
-    services = compose_with_env()["services"]
-    assert targets == {"router:8000", f"eagle:{flags(services['eagle'])['--port']}",
-                       f"baseline:{flags(services['baseline'])['--port']}"}
 
 
 def test_missing_admin_token_is_an_error_not_an_empty_secret() -> None:
