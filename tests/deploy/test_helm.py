@@ -103,7 +103,7 @@ def test_router_probes_secret_and_redis() -> None:
     assert router["livenessProbe"]["httpGet"]["path"] == "/health"
     assert router["readinessProbe"]["httpGet"]["path"] == "/ready"
     env = {e["name"]: e for e in router["env"]}
-    assert env["SPECROUTER_REDIS_URL"]["value"] == "redis://sr-specrouter-redis:6379/0"
+    assert env["SPECROUTER_REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@sr-specrouter-redis:6379/0"
     secret_ref = env["SPECROUTER_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert secret_ref["name"] == "sr-specrouter-admin"
     assert int(env["SPECROUTER_WORKERS"]["value"]) > 1
