@@ -67,6 +67,9 @@ class EngineSample:
     # batches and the other engine's GPU time slices in between are in it. Equal values
     # are the same window. None: the source does not carry it.
     gen_throughput: float | None = None
+    # SGLang's `max_total_num_tokens` (summed over DP ranks): the KV pool in tokens, which
+    # is also the most its prefix cache can hold. None: the source does not carry it.
+    kv_tokens: int | None = None
 
     @property
     def total(self) -> int:

@@ -78,6 +78,7 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
         raise TelemetryParseError("/v1/loads: 'loads' is empty (no snapshot to read): no data")
     running = waiting = 0
     max_running: int | None = None
+    kv_tokens: int | None = None
     lifetime: list[float] = []
     taken: list[float | None] = []
     throughput: list[float] = []
@@ -89,6 +90,8 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
         taken.append(_number(load.get("timestamp")))
         if isinstance(load.get("max_running_requests"), int):
             max_running = (max_running or 0) + load["max_running_requests"]
+        if isinstance(load.get("max_total_num_tokens"), int):
+            kv_tokens = (kv_tokens or 0) + load["max_total_num_tokens"]
         spec = load.get("speculative")
         accept = _number(spec.get("accept_length")) if isinstance(spec, dict) else None
         if accept is not None:
@@ -101,7 +104,8 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
                         ts if isinstance(ts, str) else None,
                         snapshot_age=snapshot_age(ts, taken),
                         accept_lifetime=_accept_mean(lifetime),
-                        gen_throughput=sum(throughput) if throughput else None)
+                        gen_throughput=sum(throughput) if throughput else None,
+                        kv_tokens=kv_tokens)
 
 
 def snapshot_age(answered: Any, taken: Sequence[float | None]) -> float | None:

@@ -216,8 +216,12 @@ class LoadAwareRouter:
     def _decide(
         self, groups: tuple[GroupView, ...], policy: Policy, request: RequestInfo, now: float
     ) -> Target:
-        lookup = (None if self._affinity is None
-                  else self._affinity.lookup(request.prefix, request.session))
+        lookup = None
+        if self._affinity is not None:
+            for name, load in self.monitor.view.backends.items():
+                if load.sample is not None:
+                    self._affinity.observe_capacity(name, load.sample.kv_tokens)
+            lookup = self._affinity.lookup(request.prefix, request.session)
         affinity = (None if lookup is None
                     else group_affinity(lookup, groups, request.session, self._prices,
                                         self._session_home))

@@ -28,6 +28,12 @@ class PrefixIndex:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def resize(self, capacity: int) -> None:
+        """A new bound (the server's KV pool as its telemetry reports it)."""
+        self.capacity = max(1, capacity)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
     def match(self, keys: Sequence[int]) -> int:
         """How many leading blocks of `keys` (one prompt's key chain) the index holds.
 

@@ -38,14 +38,28 @@ class AffinityTracker:
     """See the module docstring. `capacity_tokens` bounds each backend's index."""
 
     def __init__(self, backends: Iterable[str], capacity_tokens: Mapping[str, int],
-                 block_tokens: float, max_sessions: int) -> None:
+                 block_tokens: float, max_sessions: int,
+                 configured: Iterable[str] = ()) -> None:
+        self._block_tokens = block_tokens
         self._indexes = {
             b: PrefixIndex(max(1, int(capacity_tokens[b] / block_tokens))) for b in backends}
+        # backends whose bound the operator set: telemetry does not change it
+        self._configured = frozenset(configured)
+        self._reported: dict[str, int] = {}
         self._sessions = SessionTable(max_sessions)
         self.hits = 0
         self.misses = 0
         self.held_tokens = 0.0
         self.prompt_tokens = 0.0
+
+    def observe_capacity(self, backend: str, kv_tokens: int | None) -> None:
+        """The server's KV pool in tokens as its telemetry reports it: the bound of its
+        index from now on, unless configured per backend."""
+        if (kv_tokens is None or kv_tokens <= 0 or backend in self._configured
+                or self._reported.get(backend) == kv_tokens or backend not in self._indexes):
+            return
+        self._reported[backend] = kv_tokens
+        self._indexes[backend].resize(int(kv_tokens / self._block_tokens))
 
     def lookup(self, prefix: PrefixKeys | None, session: str | None) -> Lookup | None:
         """What each backend holds of this request; None without a prefix or session."""
@@ -139,4 +153,4 @@ def prices_of(settings: AffinitySettings) -> AffinityPrices:
 def tracker_of(settings: AffinitySettings, backends: Sequence[str]) -> AffinityTracker:
     caps = {b: settings.cache_tokens_by_backend.get(b, settings.cache_tokens) for b in backends}
     return AffinityTracker(backends, caps, settings.block_bytes / settings.bytes_per_token,
-                           settings.max_sessions)
+                           settings.max_sessions, settings.cache_tokens_by_backend)

@@ -11,6 +11,7 @@ from specrouter.config import AdmissionSettings, AffinitySettings, HealthSetting
 from specrouter.control.holder import LocalPolicyHolder
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.observe.health import HealthChecker
+from specrouter.observe.loadview import EngineSample
 from specrouter.routing.affinity.keys import prefix_keys
 from specrouter.routing.loadaware import LoadAwareRouter
 from specrouter.routing.monitor import BackendMonitor
@@ -136,3 +137,12 @@ def test_a_session_key_keeps_a_conversation_whose_history_was_rewritten() -> Non
     assert again.backend.name == first.backend.name
     other = router.choose(turn(2, 0))  # without the key only the system prompt matches
     assert other.group != first.group
+
+
+def test_the_router_bounds_each_index_by_the_reported_kv_pool() -> None:
+    router, _ = make(SETTINGS)
+    router.monitor.view.publish("g0-e", EngineSample(0, 0, 0.0, kv_tokens=256 * 40))
+    router.choose(turn(0, 0))
+    blocks = router.live_view()["affinity"]["index_blocks"]
+    assert blocks["g0-e"]["capacity"] == 40
+    assert blocks["g1-e"]["capacity"] == SETTINGS.cache_tokens // 256
