@@ -32,3 +32,4 @@ def test_defaults_and_a_per_backend_pool() -> None:
     s = settings(cache_tokens_by_backend={"e0": 300_000})
     assert s.affinity.enabled
     assert s.affinity.cache_tokens_by_backend == {"e0": 300_000}
+
