@@ -86,6 +86,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                           "(split like a shell does, no templating); write it "
                           "--eagle-extra-args='--flag value' since it starts with --")
     srv.add_argument("--baseline-extra-args", default="", help="same, baseline server")
+    srv.add_argument("--eagle-arg", action="append", default=[],
+                     help="one more SGLang argument for the EAGLE server, verbatim "
+                          "(repeatable; after --eagle-extra-args)")
+    srv.add_argument("--baseline-arg", action="append", default=[], help="same, baseline")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -155,12 +159,15 @@ def _pick(value: float | None, default: float | None) -> float | None:
 
 
 def extra_args(args: argparse.Namespace, role: Role) -> list[str]:
-    """`--{role}-extra-args`, split like a shell splits it; braces and all are literal."""
+    """`--{role}-extra-args` split like a shell splits it, then each `--{role}-arg` as it is;
+    braces and all are literal."""
     text = getattr(args, f"{role}_extra_args", "") or ""
     try:
-        return shlex.split(text)
+        split = shlex.split(text)
     except ValueError as exc:
         raise PlanError(f"--{role}-extra-args {text!r}: {exc}") from None
+    verbatim: list[str] = getattr(args, f"{role}_arg", None) or []
+    return split + verbatim
 
 
 def _bytes_per_token(args: argparse.Namespace) -> tuple[int, int]:

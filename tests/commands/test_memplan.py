@@ -264,3 +264,11 @@ def test_cli_version_0_5_10_uses_its_flag_name_and_reserve() -> None:
     data = json.loads(done.stdout)
     assert "--cuda-graph-max-bs" in data["flags"]["eagle"]
     assert data["servers"][0]["headroom_gib"] == pytest.approx(13.17 + 4, abs=0.01)
+
+
+def test_cli_verbatim_args_follow_the_split_ones() -> None:
+    done = _cli("--eagle-kv-tokens", "200000", "--json", "--eagle-extra-args=--a 1",
+                "--eagle-arg=--json-model-override-args", "--eagle-arg={\"x\": \"it's\"}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["flags"]["eagle"][-4:] == [
+        "--a", "1", "--json-model-override-args", '{"x": "it\'s"}']

@@ -63,7 +63,7 @@ def test_values_yaml_matches_values_schema() -> None:
 
 @pytest.mark.parametrize("bad", [
     {"engines": {"gpuSharing": "mps"}},
-    {"engines": {"eagle": {"memFractionStatic": 1.2}}},
+    {"engines": {"eagle": {"port": 0}}},
     {"redis": {"bundled": False}},
     {"router": {"replicaz": 2}},
 ])
@@ -136,23 +136,18 @@ def test_launch_pair_mode_one_container_one_gpu(tmp_path: Path) -> None:
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
 
 
-def test_dra_mode_two_containers_share_one_claim_in_order(tmp_path: Path) -> None:
+def test_dra_mode_runs_launch_pair_on_one_claim(tmp_path: Path) -> None:
     docs = render(VARIANTS["dra-three-gpus-external-redis"])
     sts = one(docs, "StatefulSet", "sr-specrouter-engine")
     pod = sts["spec"]["template"]["spec"]
     assert sts["spec"]["replicas"] == 3
-    (eagle,), (baseline,) = pod["initContainers"], pod["containers"]
-    # native sidecar: the baseline container starts after the EAGLE startupProbe passes
-    assert eagle["restartPolicy"] == "Always"
-    assert eagle["startupProbe"]["httpGet"]["port"] == "eagle"
-    assert eagle["resources"]["claims"] == baseline["resources"]["claims"] == [{"name": "gpu"}]
-    for container in (eagle, baseline):  # the claim, not the device plugin, gives the GPU
-        assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    (pair,) = pod["containers"]  # launch-pair, as in launchPair mode: one unit
+    assert "initContainers" not in pod
+    assert pair["command"] == ["specrouter", "launch-pair"]
+    assert pair["resources"]["claims"] == [{"name": "gpu"}]
+    assert "nvidia.com/gpu" not in json.dumps(pair["resources"])  # the claim gives the GPU
     claim = one(docs, "ResourceClaimTemplate", "sr-specrouter-engine-gpu")
     assert claim["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 1
-    assert "--speculative-algorithm=EAGLE3" in eagle["args"]
-    assert "--enable-metrics" in eagle["args"] and "--enable-metrics" in baseline["args"]
-    assert "--speculative-algorithm=EAGLE3" not in baseline["args"]
     settings = router_settings(docs, tmp_path)
     assert settings.group_names() == ["gpu0", "gpu1", "gpu2"]
     assert len(settings.backends) == 6

@@ -99,28 +99,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%d.%s.%s.svc.cluster.local" $name (int .index) $name .ctx.Release.Namespace }}
 {{- end }}
 
-{{/* SGLang flags of one server: (dict "ctx" . "role" "eagle") */}}
-{{- define "specrouter.sglangArgs" -}}
-{{- $e := .ctx.Values.engines -}}
-{{- $s := index $e .role -}}
-- --model-path={{ $e.modelPath }}
-- --host=0.0.0.0
-- --port={{ $s.port }}
-- --mem-fraction-static={{ $s.memFractionStatic }}
-- --enable-metrics
-- --max-running-requests={{ $s.maxRunningRequests }}
-{{- if eq .role "eagle" }}
-- --speculative-algorithm=EAGLE3
-- --speculative-draft-model-path={{ $e.draftModelPath }}
-- --speculative-num-steps={{ $s.speculativeNumSteps }}
-- --speculative-eagle-topk={{ $s.speculativeEagleTopk }}
-- --speculative-num-draft-tokens={{ $s.speculativeNumDraftTokens }}
-{{- end }}
-{{- range $s.extraArgs }}
-- {{ . | quote }}
-{{- end }}
-{{- end }}
-
 {{- define "specrouter.engineEnv" -}}
 - {name: PYTHONUNBUFFERED, value: "1"}
 {{- if .Values.engines.hfTokenSecret }}
