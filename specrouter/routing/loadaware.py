@@ -243,8 +243,10 @@ class LoadAwareRouter:
         backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal,
                                      held)
         if self._affinity is not None and lookup is not None:
-            hit = self._affinity.record(request.prefix, request.session, backend.name, lookup)
-            if self._metrics is not None:
+            first = not (request.exclude or request.recalled)
+            hit = self._affinity.record(request.prefix, request.session, backend.name, lookup,
+                                        first)
+            if self._metrics is not None and first:
                 self._metrics.observe_affinity(hit)
         probe = None
         if decision.probe_tokens is not None:

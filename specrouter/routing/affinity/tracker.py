@@ -82,9 +82,10 @@ class AffinityTracker:
         return Lookup(held, prompt)
 
     def record(self, prefix: PrefixKeys | None, session: str | None, backend: str,
-               lookup: Lookup | None) -> bool:
-        """The request went to `backend`: index its prefix there and count a hit (the
-        backend was believed to hold some of it) or a miss. Returns whether it hit."""
+               lookup: Lookup | None, count: bool = True) -> bool:
+        """The request went to `backend`: index its prefix there and, with `count` (not
+        for a retry of the same request), count a hit (the backend was believed to hold
+        some of it) or a miss. Returns whether it hit."""
         index = self._indexes.get(backend)
         if index is None:
             return False
@@ -95,6 +96,8 @@ class AffinityTracker:
         if session is not None:
             self._sessions.put(session, backend, prompt)
         hit = held > 0
+        if not count:
+            return hit
         if hit:
             self.hits += 1
         else:

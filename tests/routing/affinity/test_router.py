@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 from specrouter.backends import Backend
 from specrouter.config import AdmissionSettings, AffinitySettings, HealthSettings, TelemetrySettings
@@ -146,3 +147,14 @@ def test_the_router_bounds_each_index_by_the_reported_kv_pool() -> None:
     blocks = router.live_view()["affinity"]["index_blocks"]
     assert blocks["g0-e"]["capacity"] == 40
     assert blocks["g1-e"]["capacity"] == SETTINGS.cache_tokens // 256
+
+
+def test_a_retry_is_indexed_on_its_new_backend_but_counted_once() -> None:
+    router, hits = make(SETTINGS)
+    first = router.choose(turn(0, 2))
+    retry = router.choose(replace(turn(0, 2), exclude=frozenset({first.backend.name})))
+    assert retry.backend.name != first.backend.name
+    assert router.live_view()["affinity"]["requests"] == 1
+    assert len(hits.affinity) == 1
+    # the backend that answered is believed to hold the prompt
+    assert router.live_view()["affinity"]["index_blocks"][retry.backend.name]["blocks"] > 0
