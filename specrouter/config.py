@@ -198,7 +198,7 @@ class TelemetrySettings(_Section):
     learn_half_life_s: float = Field(default=300.0, gt=0)
     learn_prior_weight: float = Field(default=4.0, gt=0)
     # Time constant of each group's sustained load (routing/learning.py).
-    sustained_s: float = Field(default=10.0, gt=0)
+    sustained_s: float = Field(default=5.0, gt=0)
 
 
 class HealthSettings(_Section):

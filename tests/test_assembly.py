@@ -26,7 +26,7 @@ def test_router_setting_picks_the_initial_mode(router: str, mode: str) -> None:
     assert product.policy is not None and product.policy.current.mode == mode
     target = product.router.choose(RequestInfo("/v1/chat/completions"))
     assert target.pool == "eagle"
-    assert target.reason == ("forced_mode" if mode == "eagle" else "below_switch_down")
+    assert target.reason == ("forced_mode" if mode == "eagle" else "online_eagle")
 
 
 def test_prefer_eagle_sends_load_to_eagle_and_falls_back_when_it_fails() -> None:

@@ -72,6 +72,10 @@ Progress = Callable[[str], None]
 ROUTER_TELEMETRY_S = 0.1
 ROUTER_HEALTH_S = 2.0
 ROUTER_DWELL_S = 1.0
+# the online strategy's defaults (OnlineParams, TelemetrySettings), scaled the same way
+ROUTER_ONLINE_DWELL_S = 2.0
+ROUTER_SUSTAINED_S = 5.0
+ROUTER_HALF_LIFE_S = 300.0
 
 
 def router_time_env(time_scale: float) -> dict[str, str]:
@@ -85,7 +89,9 @@ def router_time_env(time_scale: float) -> dict[str, str]:
     clock does not change.
     """
     return {"SPECROUTER_TELEMETRY__INTERVAL_S": repr(ROUTER_TELEMETRY_S * time_scale),
-            "SPECROUTER_HEALTH__INTERVAL_S": repr(ROUTER_HEALTH_S * time_scale)}
+            "SPECROUTER_HEALTH__INTERVAL_S": repr(ROUTER_HEALTH_S * time_scale),
+            "SPECROUTER_TELEMETRY__SUSTAINED_S": repr(ROUTER_SUSTAINED_S * time_scale),
+            "SPECROUTER_TELEMETRY__LEARN_HALF_LIFE_S": repr(ROUTER_HALF_LIFE_S * time_scale)}
 
 
 def scaled_policy(policy: dict[str, Any], time_scale: float) -> dict[str, Any]:
@@ -93,6 +99,8 @@ def scaled_policy(policy: dict[str, Any], time_scale: float) -> dict[str, Any]:
     clock."""
     dwell = float(policy.get("goodput_min_dwell_s", ROUTER_DWELL_S))
     out = {**policy, "goodput_min_dwell_s": round(dwell * time_scale, 6)}
+    online_dwell = float(policy.get("online_min_dwell_s", ROUTER_ONLINE_DWELL_S))
+    out["online_min_dwell_s"] = round(online_dwell * time_scale, 6)
     for key in ("goodput_probe_s", "goodput_probe_memory_s"):
         if key in policy:
             out[key] = round(float(policy[key]) * time_scale, 6)

@@ -67,7 +67,7 @@ class CostLearning:
     """Per group: its online cost model and its sustained load. One event loop."""
 
     def __init__(self, view: LoadView, *, half_life_s: float = 300.0,
-                 prior_weight: float = 4.0, sustained_s: float = 10.0) -> None:
+                 prior_weight: float = 4.0, sustained_s: float = 5.0) -> None:
         self.view = view
         self.half_life_s, self.prior_weight = half_life_s, prior_weight
         groups = view.group_names()

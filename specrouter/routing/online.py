@@ -37,7 +37,7 @@ from specrouter.backends import Pool, other_pool
 from specrouter.routing.costmodel import GroupCostModel, PolyCurve, StepCurve
 
 #: Batch sizes of the prior's pseudo-readings.
-PRIOR_BATCHES = (1.0, 16.0)
+PRIOR_BATCHES = (1.0, 4.0)
 #: Shape of the prior EAGLE-3 line (ms = a * (1 + slope_ratio * B)) and its level before any
 #: reading: the level only sets the units, the ratio the extrapolation of one batch size.
 PRIOR_EAGLE = PolyCurve(10.0, 0.5)

@@ -13,7 +13,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def test_policy_get_put_patch_and_validation(cluster: ClusterFactory) -> None:
-    c = cluster(policy={"switch_up": 10, "switch_down": 5})
+    c = cluster(policy={"strategy": "threshold", "switch_up": 10, "switch_down": 5})
     view = c.policy()
     assert view["policy"]["version"] == 1 and view["policy"]["switch_up"] == 10
     assert view["policy"]["updated_at"]
@@ -118,7 +118,7 @@ def test_metrics_exposition_has_the_series(cluster: ClusterFactory) -> None:
     assert ok[("eagle", "200")] == 3 and ok[("baseline", "200")] == 1
     decided = {(lbl["pool"], lbl["reason"]): v for n, lbl, v in samples("specrouter_decisions")
                if n.endswith("_total")}
-    assert decided[("eagle", "below_switch_down")] == 3
+    assert decided[("eagle", "online_eagle")] == 3
     assert decided[("baseline", "forced_mode")] == 1
     ttft = [v for n, lbl, v in samples("specrouter_time_to_first_token_seconds")
             if n.endswith("_count") and lbl["pool"] == "eagle"]

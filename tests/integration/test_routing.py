@@ -191,7 +191,7 @@ def test_forced_modes_and_client_override(cluster: ClusterFactory) -> None:
         assert raw.parse().choices[0].message.content
         return _routed(raw.headers)
 
-    assert (ask().pool, ask().reason) == ("eagle", "below_switch_down")
+    assert (ask().pool, ask().reason) == ("eagle", "online_eagle")
     c.patch(mode="baseline")
     forced = ask()
     assert (forced.pool, forced.reason) == ("baseline", "forced_mode")

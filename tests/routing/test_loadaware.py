@@ -41,7 +41,7 @@ def make(backends: list[Backend], window_s: float = 0.0, max_wait_s: float = 0.0
                            BreakerConfig(failure_threshold=2, cooldown_s=5.0,
                                          success_threshold=1), clock=clock)
     monitor = BackendMonitor(backends, health, TelemetrySettings(enabled=False), clock=clock)
-    holder = LocalPolicyHolder(Policy.model_validate(policy))
+    holder = LocalPolicyHolder(Policy.model_validate({"strategy": "threshold", **policy}))
     admission = AdmissionSettings(arrival_window_ms=window_s * 1000,
                                   arrival_max_wait_ms=max_wait_s * 1000, recall_unstarted=recall)
     return LoadAwareRouter(monitor, holder, admission), clock

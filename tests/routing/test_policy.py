@@ -25,7 +25,8 @@ def test_put_and_patch_bump_version_and_keep_old_on_error() -> None:
     assert (p2.version, p2.strategy, p2.eagle_cap, p2.switch_up) == (2, "overflow", 12, 16)
     assert p2.updated_at >= p1.updated_at
     p3 = apply_put(p2, {"mode": "baseline"})
-    assert (p3.version, p3.strategy, p3.eagle_cap, p3.mode) == (3, "threshold", 8, "baseline")
+    # PUT replaces: the strategy is back to the default, `online`
+    assert (p3.version, p3.strategy, p3.eagle_cap, p3.mode) == (3, "online", 8, "baseline")
     with pytest.raises(ValidationError):
         apply_patch(p3, {"switch_down": 100})
     assert p3.version == 3 and p3.public()["mode"] == "baseline"

@@ -75,8 +75,8 @@ def test_forced_modes_ignore_load(mode: str) -> None:
 
 def test_client_override_allowed_and_denied() -> None:
     hot = group(eagle=100)
-    allowed = Policy(allow_client_override=True)
-    denied = Policy(allow_client_override=False)
+    allowed = Policy(strategy="threshold", allow_client_override=True)
+    denied = Policy(strategy="threshold", allow_client_override=False)
     d = decide(allowed, hot, GroupState(), Hints("eagle"), 0.0)
     assert (d.pool, d.reason) == ("eagle", "client_override")
     assert d.state == GroupState()  # an override does not move the group's hysteresis

@@ -30,7 +30,7 @@ from specrouter.commands.calibrate.fit import FITS, fit_model
 from specrouter.commands.calibrate.measure import LevelResult, SweepFacts
 from specrouter.commands.calibrate.report import level_row, model_report, report
 from specrouter.routing.costmodel import GroupCostModel, model_to_dict
-from specrouter.routing.strategies.registry import DEFAULT_STRATEGY, STRATEGIES
+from specrouter.routing.strategies.registry import STRATEGIES
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     amount.add_argument("--requests", type=int, help="requests per level instead of a duration")
     parser.add_argument("--input-tokens", type=int, default=1000)
     parser.add_argument("--output-tokens", type=int, default=256)
-    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default=DEFAULT_STRATEGY,
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="threshold",
                         help="policy to derive; a strategy that predicts with a cost model "
                              "(goodput) also gets the group's model fitted")
     parser.add_argument("--write-cost-model", metavar="FILE",

@@ -14,7 +14,7 @@ from specrouter.routing.strategies.online import Online
 from specrouter.routing.strategies.overflow import Overflow
 from specrouter.routing.strategies.threshold import Threshold
 
-DEFAULT_STRATEGY = "threshold"
+DEFAULT_STRATEGY = "online"
 
 STRATEGIES: Mapping[str, Strategy] = {s.name: s for s in (
     Threshold(),
