@@ -122,6 +122,33 @@ class _LiveCollector(Collector):
         version = GaugeMetricFamily(f"{PREFIX}_policy_version", "Version of the policy in force")
         version.add_metric([], live.policy_version)
         yield from (inflight, healthy, breaker, engine, age, stale, accept, load, pool, version)
+        yield from _learned_families(live)
+
+
+def _learned_families(live: LiveMetrics) -> Iterable[Metric]:
+    """Each group's sustained load and online cost model (routing/online.py)."""
+    sustained = GaugeMetricFamily(f"{PREFIX}_group_sustained_load",
+                                  "Time-weighted average load of the group", labels=["group"])
+    crossover = GaugeMetricFamily(f"{PREFIX}_learned_crossover",
+                                  "Load where the learned model puts the baseline ahead",
+                                  labels=["group"])
+    step = GaugeMetricFamily(f"{PREFIX}_learned_step_ms",
+                             "Learned decode step time at a batch size", labels=["group", "pool",
+                                                                                "batch"])
+    prior = GaugeMetricFamily(f"{PREFIX}_learned_prior_share",
+                              "Share of the learned curve still resting on the prior",
+                              labels=["group", "pool"])
+    for group, g in live.group_learned.items():
+        if g.sustained_load is not None:
+            sustained.add_metric([group], g.sustained_load)
+        if g.crossover is not None:
+            crossover.add_metric([group], g.crossover)
+        for p, by_batch in g.step_ms.items():
+            for batch, ms in by_batch.items():
+                step.add_metric([group, p, str(batch)], ms)
+        for p, share in g.prior_share.items():
+            prior.add_metric([group, p], share)
+    yield from (sustained, crossover, step, prior)
 
 
 class RouterMetrics:

@@ -39,7 +39,7 @@ from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy, PolicySource
 from specrouter.routing.pool_choice import decide, fold_accept
 from specrouter.routing.recall import RecallRegistry
-from specrouter.routing.report import BackendLive, LiveMetrics, group_report
+from specrouter.routing.report import BackendLive, LiveMetrics, group_learned, group_report
 from specrouter.routing.router import NoBackendAvailable, Probe, RequestInfo, Target
 from specrouter.routing.strategies.registry import STRATEGIES
 
@@ -330,4 +330,7 @@ class LoadAwareRouter:
             group_loads={g.name: g.load(policy.load_signal) for g in self.monitor.groups(now)},
             group_pools={g: s.pool for g, s in self._states.items()},
             policy_version=policy.version,
+            group_learned={g.name: group_learned(self._cost_models.get(g.name), g.sustained,
+                                                 self._states[g.name].accept.ewma)
+                           for g in self.monitor.groups(now)},
         )

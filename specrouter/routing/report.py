@@ -65,6 +65,32 @@ class BackendLive:
     accept_length: float | None
 
 
+#: Batch sizes at which /metrics shows each learned step curve.
+METRIC_BATCHES = (1, 8, 32)
+
+
+@dataclass(frozen=True)
+class GroupLearned:
+    """What /metrics shows of a group's online model and sustained load."""
+
+    sustained_load: float | None
+    crossover: float | None
+    step_ms: Mapping[str, Mapping[int, float]]  # pool -> batch -> ms
+    prior_share: Mapping[str, float]  # pool -> share of the fit still the prior
+
+
+def group_learned(model: GroupCostModel | None, sustained: float | None,
+                  accept: float | None) -> GroupLearned:
+    if model is None:
+        return GroupLearned(sustained, None, {}, {})
+    used = accept if accept is not None else model.nominal_accept_length
+    steps = {"eagle": {b: model.eagle.ms(b) for b in METRIC_BATCHES},
+             "baseline": {b: model.baseline.ms(b) for b in METRIC_BATCHES}}
+    prior: dict[str, float] = ({p: v.prior_share for p, v in model.pools.items()}
+             if isinstance(model, LearnedCostModel) else {})
+    return GroupLearned(sustained, model.crossover(used), steps, prior)
+
+
 @dataclass(frozen=True)
 class LiveMetrics:
     """What the router reports at scrape time."""
@@ -73,3 +99,4 @@ class LiveMetrics:
     group_loads: Mapping[str, float] = field(default_factory=dict)
     group_pools: Mapping[str, str] = field(default_factory=dict)
     policy_version: int = 0
+    group_learned: Mapping[str, GroupLearned] = field(default_factory=dict)

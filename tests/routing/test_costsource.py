@@ -168,3 +168,16 @@ def test_assembled_router_reports_the_configured_model_on_policy() -> None:
     assert groups["gpu1"]["learned"]["seeded"] is False
     assert groups["gpu1"]["learned"]["pools"]["eagle"]["prior_share"] == 1.0
     assert groups["gpu1"]["reason"].startswith("goodput_")
+
+
+def test_metrics_show_the_learned_model_and_sustained_load() -> None:
+    settings = load_settings(overrides={
+        "backends": BACKENDS, "telemetry": {"enabled": False},
+        "cost_models": {"gpu0": {"profile": "h200-llama3-8b", "ctx": 2048}},
+    })
+    product = build_product(settings)
+    text = product.metrics.render().decode()
+    assert 'specrouter_group_sustained_load{group="gpu0"} 0.0' in text
+    assert 'specrouter_learned_crossover{group="gpu0"} 44.' in text
+    assert 'specrouter_learned_prior_share{group="gpu1",pool="eagle"} 1.0' in text
+    assert 'specrouter_learned_step_ms{batch="8",group="gpu0",pool="baseline"}' in text
