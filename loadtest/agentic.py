@@ -242,6 +242,9 @@ class Player:
     time_scale: float
     headers: dict[str, str] = field(default_factory=dict)
     session_header: str = ""  # when set, the session key also goes in this header
+    # no turn leaves after this many simulated seconds (turns in flight finish): bounds
+    # the drain of an overloaded run; the turns left count in `unsent_turns`
+    stop_s: float | None = None
 
     def __post_init__(self) -> None:
         self._pools = {t: ConnectionPool(t) for t in self.targets}
@@ -269,6 +272,10 @@ class Player:
         for n, turn in enumerate(session.turns):
             if turn.think_s > 0:
                 await asyncio.sleep(turn.think_s * self.time_scale)
+            if (self.stop_s is not None
+                    and time.perf_counter() - t0 >= self.stop_s * self.time_scale):
+                self.unsent_turns += len(session.turns) - n
+                return
             content = (session.repo + "\n" + turn.message) if n == 0 else turn.message
             history.append({"role": "user", "content": content})
             answer = _Answer()

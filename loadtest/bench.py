@@ -22,9 +22,10 @@ from typing import Any
 
 from loadtest import plots, report
 from loadtest.metrics import write_json
-from loadtest.scenarios import openloop, overhead, peer, sweep, trace
+from loadtest.scenarios import agentic, openloop, overhead, peer, sweep, trace
 
-SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "overhead", "overhead-eagle", "peer")
+SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "agentic", "overhead",
+             "overhead-eagle", "peer")
 
 # Per-profile simulator time scale of the sweep: h200-llama3-8b relays ~5,000 chunks/s at
 # concurrency 64 at time scale 1; at 0.1 that would be 50,000/s, far beyond 2 cores.
@@ -110,6 +111,11 @@ def openloop_settings(args: argparse.Namespace, out: Path) -> openloop.OpenLoopS
     return openloop.quick(s) if args.quick else s
 
 
+def agentic_settings(args: argparse.Namespace, out: Path) -> agentic.AgenticSettings:
+    s = agentic.AgenticSettings(out_dir=str(out))
+    return agentic.quick(s) if args.quick else s
+
+
 # The EAGLE-3 regime is a light load: a group holds a few requests below its crossover.
 EAGLE_REGIME_STREAMS = 8
 
@@ -148,6 +154,7 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
           for name, spec in TRACES.items()),
         ("openloop", "openloop",
          lambda: openloop.run_openloop(openloop_settings(args, out), log)),
+        ("agentic", "agentic", lambda: agentic.run_agentic(agentic_settings(args, out), log)),
         ("overhead", "overhead",
          lambda: {"scenario": "overhead", **overhead.measure(overhead_settings(args, out))}),
         ("overhead-eagle", "overhead-eagle",
@@ -193,7 +200,7 @@ def load_results(folder: Path) -> dict[str, Any]:
     """The scenario results a previous run wrote (same keys as `run_all`)."""
     results: dict[str, Any] = {}
     keys = ["sweep", *(f"trace:{spec['trace']}" for spec in TRACES.values()), "openloop",
-            "overhead", "overhead-eagle", "peer"]
+            "agentic", "overhead", "overhead-eagle", "peer"]
     for key in keys:
         path = folder / f"{key.replace(':', '-')}.json"
         if path.is_file():

@@ -517,6 +517,107 @@ def _overhead_targets(overhead: dict[str, Any]) -> tuple[list[str], list[str]]:
     return lines, misses
 
 
+AGENTIC_LABELS = {
+    "eagle": "EAGLE-3 servers only, each session pinned to one",
+    "baseline": "baseline servers only, each session pinned to one",
+    "router-noaffinity": "specrouter (goodput strategy, profile cost model), affinity off",
+    "router": "specrouter (goodput strategy, profile cost model), prefix/session affinity",
+    "sglang-cache_aware": "sglang-router --policy cache_aware over the 4 servers",
+    "sglang-round_robin": "sglang-router --policy round_robin over the 4 servers",
+    "adaptive": "one adaptive-speculation engine per GPU (whole memory), sessions pinned",
+}
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 100:.1f}%"
+
+
+def _agentic_check(name: str, check: dict[str, Any]) -> str:
+    ratio = check.get("ratio")
+    text = f"{_f(ratio, 2)}x (target {check['target']:g}x)"
+    return f"{name} {text}: {_check(check.get('met'), 'below target')}"
+
+
+def agentic_section(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The agentic multi-turn trace: one table per profile and rate, then the checks."""
+    s, shape = result["settings"], result["shape"]
+    lines = ["## Agentic multi-turn sessions", "",
+             f"Sessions (`loadtest/agentic.py`): a shared system prompt with tool definitions "
+             f"of {shape['system_tokens']} tokens, a repository context of "
+             f"{shape['repo_tokens_min']}-{shape['repo_tokens_max']} tokens per session, "
+             f"turns adding {shape['turn_tokens_min']}-{shape['turn_tokens_max']} tokens "
+             f"(lognormal, median {shape['turn_tokens_median']:g}) plus the previous answer "
+             f"resent as streamed, until the context passes "
+             f"{shape['context_target_min']}-{shape['context_target_max']} tokens; answers "
+             f"lognormal (median {shape['output_median']:g}, sigma {shape['output_sigma']:g}, "
+             f"{shape['output_min']}-{shape['output_max']} tokens, ignore_eos); think time "
+             f"lognormal (median {shape['think_median_s']:g} s) between an answer and the "
+             f"next turn. Sessions arrive as a Poisson process over {s['window_s']:g} "
+             f"simulated s (open loop); each is closed loop inside. Two GPU groups; every "
+             f"config plays the same sessions on fresh processes. Simulator flags: "
+             f"{', '.join(result.get('sim_flags') or []) or 'none'} (cached tokens come "
+             f"from usage.prompt_tokens_details.cached_tokens; prefill tokens from the "
+             f"engines' /sim/state).", "",
+             result.get("slo_note", ""), "",
+             "The simulator runs 1/time-scale times faster than a GPU, but a proxy's own "
+             "real time per request is not scaled: each real millisecond a router spends on "
+             "a request shows as 1/time-scale simulated milliseconds of TTFT. The `TTFB p50 "
+             "real ms` column (to the response headers, wall clock) shows that cost next to "
+             "the engines' own. No turn starts later than "
+             f"{s.get('drain_s', 60.0):g} simulated s after the arrival window; the turns left are "
+             "counted as not sent.", "",
+             *[f"- `{c}`: {AGENTIC_LABELS.get(c, c)}" for c in s["configs"]], ""]
+    misses: list[str] = []
+    for profile, levels in result["profiles"].items():
+        scale = s["profile_time_scales"].get(profile, s["time_scale"])
+        lines += [f"### {profile} (simulator time scale {scale:g})", ""]
+        for lv in levels:
+            lines += [f"Session arrival rate {lv['rate']:g}/s:", "",
+                      "| config | goodput tok/s | output tok/s | turns in SLO | cached share "
+                      "| prefill Mtok | TTFT p50 s | TTFT p99 s | TTFB p50 real ms "
+                      "| session moves | turns not sent | CPU peak |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            for config, v in lv["configs"].items():
+                if "error" in v:
+                    lines.append(f"| {config} | not measured: {v['error'][:120]} "
+                                 "| | | | | | | | | | |")
+                    continue
+                prefill = (v.get("engines") or {}).get("prefill_tokens")
+                moves = v.get("session_moves") or {}
+                cpu = max((x for k, x in (v.get("cpu_cores") or {}).items()), default=0.0)
+                lines.append(
+                    f"| {config} | {_f(v['goodput_tok_s'])} | {_f(v['output_tok_s'])} | "
+                    f"{v['slo_met']}/{v['requests']} | {_pct(v.get('cached_share'))} | "
+                    f"{_f(None if prefill is None else prefill / 1e6, 2)} | "
+                    f"{_f(v['ttft']['p50'], 2)} | {_f(v['ttft']['p99'], 2)} | "
+                    f"{_f(v['ttfb']['p50'] * scale * 1e3)} | "
+                    f"{_pct(moves.get('share'))} | {v.get('unsent_turns', 0)} | {cpu:.2f} |")
+            verdict = lv["verdict"]
+            cache = verdict["cached_share"]
+            checks = [
+                _agentic_check(f"router vs best static pool ({verdict.get('best_static')})",
+                               verdict["vs_best_static"]),
+                _agentic_check("router vs sglang-router cache_aware",
+                               verdict["vs_cache_aware"]),
+                _agentic_check("router vs adaptive", verdict["vs_adaptive"]),
+                f"cached share {_pct(cache.get('router'))} vs never-moving (pinned static "
+                f"pools, best) {_pct(cache.get('never_moves'))}: gap "
+                f"{_f(cache.get('gap_points'))} points (target <= {cache['target_points']:g}):"
+                f" {_check(cache.get('met'), 'gap too large')}"]
+            lines += ["", *[f"- {c}" for c in checks], ""]
+            for key, label in (("vs_best_static", "best static pool"),
+                               ("vs_cache_aware", "sglang-router cache_aware"),
+                               ("vs_adaptive", "adaptive engine")):
+                if verdict[key].get("met") is False:
+                    misses.append(f"agentic {profile} {lv['rate']:g}/s: router goodput "
+                                  f"{_f(verdict[key]['ratio'], 2)}x the {label} "
+                                  f"(target {verdict[key]['target']:g}x)")
+            if cache.get("met") is False:
+                misses.append(f"agentic {profile} {lv['rate']:g}/s: cached share "
+                              f"{_f(cache['gap_points'])} points below never-moving")
+    return lines, misses
+
+
 def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
            status: str, started: str, elapsed_s: float, commit: str | None = None) -> str:
     lines = ["# specrouter benchmarks", "",
@@ -542,6 +643,10 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
         misses += miss
     if "openloop" in results:
         part, miss = openloop_section(results["openloop"], images)
+        body += part
+        misses += miss
+    if "agentic" in results:
+        part, miss = agentic_section(results["agentic"])
         body += part
         misses += miss
     if "overhead" in results or "peer" in results:

@@ -166,3 +166,11 @@ def test_verdict_leaves_unmeasured_comparisons_open() -> None:
     assert v["vs_best_static"]["met"] is False
     assert v["vs_cache_aware"] == {"ratio": None, "target": 1.1, "met": None}
     assert v["vs_adaptive"]["met"] is None
+
+
+def test_player_sends_no_turn_after_its_stop_time() -> None:
+    sessions = make_sessions(SHAPE.scaled(0.01), 7, 1.0, 3.0)
+    # the target is never contacted: every turn is due after the stop time
+    player = Player(["http://127.0.0.1:9"], "m", "system", 0.001, stop_s=0.0)
+    turns = run_async(player.play(sessions))
+    assert turns == [] and player.unsent_turns == sum(len(s.turns) for s in sessions)
