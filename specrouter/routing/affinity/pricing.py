@@ -22,9 +22,7 @@ the request `load_ms` for each request already there (its decode steps are share
   saving (the cost model's predicted per-token times where there is one, else
   `eagle_saving_ms_per_token`). A decision for the baseline is always followed: it is
   the strategy's answer to load, which moves the whole group, and one request kept on
-  EAGLE-3 slows every request of that server's batch, which this price does not count
-  (kept on EAGLE-3 by the answer's own saving, the agentic bench lost 40% of its
-  goodput on seed-coding at 0.5 sessions/s).
+  EAGLE-3 slows every request of that server's batch, which this price does not count.
 """
 
 from __future__ import annotations
