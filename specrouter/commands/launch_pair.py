@@ -110,8 +110,12 @@ class Server:
             if time.monotonic() >= deadline:
                 _log(f"{self.role}: processes left {stop_timeout:.0f}s after SIGTERM: SIGKILL")
                 self.signal(signal.SIGKILL)
-                while self.group_alive():
+                # bounded: a process stuck in the kernel (D state) ignores even SIGKILL
+                killed_by = time.monotonic() + stop_timeout
+                while self.group_alive() and time.monotonic() < killed_by:
                     time.sleep(GROUP_POLL_S)
+                if self.group_alive():
+                    _log(f"{self.role}: processes still left after SIGKILL; exiting anyway")
                 return
             time.sleep(GROUP_POLL_S)
 
