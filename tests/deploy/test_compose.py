@@ -51,7 +51,10 @@ def interpolate(text: str, env: dict[str, str]) -> str:
 
 
 def compose_with_env() -> dict[str, Any]:
-    text = interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env_example())
+    # .env.example ships no admin token: the operator appends a random one (docs/deploy.md)
+    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+           "GRAFANA_ADMIN_PASSWORD": "e" * 32}
+    text = interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
     data: dict[str, Any] = yaml.safe_load(text)
     return data
 

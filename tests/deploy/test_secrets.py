@@ -161,6 +161,6 @@ def test_the_documented_command_writes_a_random_token_into_env(tmp_path: Path) -
     tokens = [line.split("=", 1)[1] for line in (tmp_path / ".env").read_text().splitlines()]
     assert len(tokens) == 2 and tokens[0] != tokens[1]
     assert all(re.fullmatch(r"[0-9a-f]{64}", t) for t in tokens)
-    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": tokens[0]}
+    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": tokens[0], "GRAFANA_ADMIN_PASSWORD": "g" * 32}
     compose = yaml.safe_load(interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env))
     assert compose["services"]["router"]["environment"]["SPECROUTER_ADMIN_TOKEN"] == tokens[0]
