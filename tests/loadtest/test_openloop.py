@@ -87,13 +87,15 @@ def test_rates_come_from_the_better_pool_at_the_saturation_batch() -> None:
         assert cap["saturation_req_s"] == pools["baseline"]["req_s"] > pools["eagle"]["req_s"]
         rates = openloop.rates_for(cap["saturation_req_s"], s.fractions)
         assert len(rates) >= 5 and rates == sorted(rates)
-        assert rates[-1] == pytest.approx(0.9 * cap["saturation_req_s"], rel=1e-2)
+        assert rates[-1] == pytest.approx(1.1 * cap["saturation_req_s"], rel=1e-2)
+        # the top rate is beyond EAGLE-3's capacity: a router must move to the baseline
+        assert rates[-1] > pools["eagle"]["req_s"]
     cap, loads = openloop.loads_of("seed-coding", s)
     assert [ld.name for ld in loads][-1] == "burst"
     counts = [len(ld.arrivals) for ld in loads if ld.rate is not None]
     assert counts[0] == s.min_requests and counts == sorted(counts)
-    # the top rate (0.9 x saturation) arrives over the time 192 requests take at saturation
-    assert 170 <= counts[-1] <= 175
+    # the top rate (1.1 x saturation) arrives over the time 192 requests take at saturation
+    assert 209 <= counts[-1] <= 214
     assert openloop.requests_at(1.0, 2.0, 32, 192) == 96
     assert openloop.requests_at(0.1, 2.0, 32, 192) == 32
 
