@@ -187,9 +187,10 @@ def arrivals(rate_per_s: float, window_s: float, seed: int) -> list[float]:
     return out
 
 
-def make_sessions(shape: AgenticShape, seed: int, rate_per_s: float, window_s: float
-                  ) -> list[Session]:
-    return [make_session(shape, seed, i, t)
+def make_sessions(shape: AgenticShape, seed: int, rate_per_s: float, window_s: float,
+                  first_index: int = 0) -> list[Session]:
+    """Sessions first_index, first_index + 1, ... arriving at `rate_per_s` in the window."""
+    return [make_session(shape, seed, first_index + i, t)
             for i, t in enumerate(arrivals(rate_per_s, window_s, seed))]
 
 

@@ -36,6 +36,7 @@ import httpx
 from loadtest.agentic import (
     AgenticShape,
     Player,
+    Session,
     TurnResult,
     describe,
     make_sessions,
@@ -87,6 +88,9 @@ class AgenticSettings:
     # load's sessions end well within it; an overloaded run stops sending instead of
     # draining for minutes)
     drain_s: float = 60.0
+    # per profile (seed-coding decodes at ~25 ms per token: a session of ~7 turns with a
+    # long answer takes ~1-2 simulated minutes even at light load)
+    profile_drain_s: dict[str, float] = field(default_factory=lambda: {"seed-coding": 120.0})
     configs: list[str] = field(default_factory=lambda: list(CONFIGS))
     profile_time_scales: dict[str, float] = field(default_factory=lambda: {
         "seed-coding": 0.08, "h200-llama3-8b": 0.15})
@@ -101,6 +105,9 @@ class AgenticSettings:
 
     def rates_of(self, profile: str) -> list[float]:
         return self.profile_rates.get(profile) or [0.5]
+
+    def drain_of(self, profile: str) -> float:
+        return self.profile_drain_s.get(profile, self.drain_s)
 
     def scale_of(self, profile: str) -> float:
         return self.profile_time_scales.get(profile, self.time_scale)
@@ -217,20 +224,40 @@ def _sim_args(options: str) -> list[str]:
     return [flag for flag in SIM_FLAGS if flag in options]
 
 
-def run_config(config: str, profile: str, rate: float, s: AgenticSettings,
-               options: str, log: Callable[[str], None]) -> dict[str, Any]:
+def _flush(urls: Sequence[str]) -> None:
+    """Empty every engine's prefix cache between levels (an engine refuses while busy,
+    e.g. answering a health check: asked again)."""
+    for url in urls:
+        for _ in range(50):
+            response = httpx.post(f"{url}/flush_cache", timeout=10.0)
+            if response.status_code == 200 and "not be performed" not in response.text[:40]:
+                break
+            time.sleep(0.05)
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if v is None or before.get(k) is None else v - before[k])
+            for k, v in after.items()}
+
+
+def run_config(config: str, profile: str, s: AgenticSettings, options: str,
+               log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every rate of one profile through one config, lightest first, on the same
+    processes: between rates every engine's prefix cache is emptied, and each rate plays
+    sessions of its own (new repositories and keys; the shared system prompt is the same)."""
     scale = s.scale_of(profile)
     shape = s.shape()
-    sessions = make_sessions(shape, s.seed, rate, s.window_s)
     ttft, tpot = s.slo[profile]
     slo = SLO(ttft, tpot)
     extra = _sim_args(options)
     env: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
     with Stack() as stack:
         pids: dict[str, int] = {}
         if config == "adaptive":
             if f"{{{ADAPTIVE_KIND}" not in options and f",{ADAPTIVE_KIND}" not in options:
-                return {"error": "this simulator has no adaptive engine kind"}
+                return [{"error": "this simulator has no adaptive engine kind"}
+                        for _ in s.rates_of(profile)]
             engines = stack.sim_singles(GROUPS, ADAPTIVE_KIND, profile, scale, s.seed, extra)
             engine_urls = [e.url for e in engines]
             pids.update({f"sim{i}": e.child.pid for i, e in enumerate(engines)})
@@ -249,7 +276,8 @@ def run_config(config: str, profile: str, rate: float, s: AgenticSettings,
                 targets = [router.url]
             elif config.startswith("sglang-"):
                 if not peer.peer_available():
-                    return {"error": "sglang-router not installed (pip install '.[bench]')"}
+                    return [{"error": "sglang-router not installed (pip install '.[bench]')"}
+                            for _ in s.rates_of(profile)]
                 url, pid = peer.start_sglang_router(stack, engine_urls,
                                                     config.split("-", 1)[1])
                 pids["sglang-router"] = pid
@@ -257,35 +285,54 @@ def run_config(config: str, profile: str, rate: float, s: AgenticSettings,
             else:
                 raise ValueError(f"unknown agentic config {config!r}")
         model = served_model(engine_urls[0])
-        player = Player(targets, model, system_prompt(shape, s.seed), scale,
-                        session_header=SESSION_HEADER, stop_s=s.window_s + s.drain_s)
-        watch = CpuWatch(pids)
-        started = time.perf_counter()
+        for n, rate in enumerate(s.rates_of(profile)):
+            sessions = make_sessions(shape, s.seed, rate, s.window_s, first_index=n * 10_000)
+            if n:
+                _flush(engine_urls)
+            before = _engine_counters(engine_urls)
+            player = Player(targets, model, system_prompt(shape, s.seed), scale,
+                            session_header=SESSION_HEADER, stop_s=s.window_s + s.drain_of(profile))
+            watch = CpuWatch(pids)
+            started = time.perf_counter()
 
-        async def play() -> list[TurnResult]:
-            try:
-                return await player.play(sessions)
-            finally:
-                player.close()
+            async def play(player: Player = player,
+                           sessions: list[Session] = sessions) -> list[TurnResult]:
+                try:
+                    return await player.play(sessions)
+                finally:
+                    player.close()
 
-        turns = run_async(play())
-        wall = time.perf_counter() - started
-        shares = watch.shares()
-        counters = _engine_counters(engine_urls)
-    out = level_summary(turns, slo, scale)
-    out.update(engines=counters, cpu_cores=shares, saturated=saturated(shares),
-               wall_s=round(wall, 1), unsent_turns=player.unsent_turns,
-               sessions=describe(sessions))
-    if env:
-        out["env"] = {k: v for k, v in env.items() if k != "SPECROUTER_POLICY"}
-        out["policy"] = json.loads(env["SPECROUTER_POLICY"])
-    if s.out_dir:
-        Path(s.out_dir).mkdir(parents=True, exist_ok=True)
-        write_tagged_csv(
-            Path(s.out_dir) / f"agentic-{profile}-{rate:g}-{config}.csv",
-            [({"session": t.session, "turn": t.turn, "cached_tokens": t.cached_tokens},
-              t.request) for t in turns])
+            turns = run_async(play())
+            wall = time.perf_counter() - started
+            shares = watch.shares()
+            level = level_summary(turns, slo, scale)
+            level.update(engines=_delta(_engine_counters(engine_urls), before),
+                         cpu_cores=shares, saturated=saturated(shares),
+                         wall_s=round(wall, 1), unsent_turns=player.unsent_turns,
+                         sessions=describe(sessions))
+            if env:
+                level["env"] = {k: v for k, v in env.items() if k != "SPECROUTER_POLICY"}
+                level["policy"] = json.loads(env["SPECROUTER_POLICY"])
+            out.append(level)
+            if s.out_dir:
+                Path(s.out_dir).mkdir(parents=True, exist_ok=True)
+                write_tagged_csv(
+                    Path(s.out_dir) / f"agentic-{profile}-{rate:g}-{config}.csv",
+                    [({"session": t.session, "turn": t.turn,
+                       "cached_tokens": t.cached_tokens}, t.request) for t in turns])
+            _log_level(log, profile, rate, config, level)
     return out
+
+
+def _log_level(log: Callable[[str], None], profile: str, rate: float, config: str,
+               v: dict[str, Any]) -> None:
+    share = v["cached_share"]
+    log(f"  agentic {profile} {rate:g}/s {config:19s} goodput "
+        f"{v['goodput_tok_s']:8.1f} tok/s  out {v['output_tok_s']:8.1f}  "
+        f"SLO {v['slo_met']}/{v['requests']} (unsent {v['unsent_turns']})  ttft p50 "
+        f"{v['ttft']['p50']:.2f} p99 {v['ttft']['p99']:.2f}  cached "
+        f"{'-' if share is None else f'{share:.2f}'}  prefill "
+        f"{v['engines']['prefill_tokens']}  wall {v['wall_s']} s  cpu {v['cpu_cores']}")
 
 
 def run_agentic(s: AgenticSettings, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -295,26 +342,17 @@ def run_agentic(s: AgenticSettings, log: Callable[[str], None] = print) -> dict[
         "sim_flags": _sim_args(options), "slo_note": s.slo_note or SLO_NOTE,
         "profiles": {}}
     for profile in s.profiles:
+        rates = s.rates_of(profile)
+        by_config: dict[str, list[dict[str, Any]]] = {}
+        for config in s.configs:
+            try:
+                by_config[config] = run_config(config, profile, s, options, log)
+            except RuntimeError as exc:
+                log(f"  agentic {profile} {config}: FAILED {str(exc)[:300]}")
+                by_config[config] = [{"error": str(exc)[-2000:]} for _ in rates]
         levels: list[dict[str, Any]] = []
-        for rate in s.rates_of(profile):
-            configs: dict[str, Any] = {}
-            for config in s.configs:
-                try:
-                    configs[config] = run_config(config, profile, rate, s, options, log)
-                except RuntimeError as exc:
-                    configs[config] = {"error": str(exc)[-2000:]}
-                v = configs[config]
-                if "error" in v:
-                    log(f"  agentic {profile} {rate:g}/s {config}: {v['error'][:200]}")
-                    continue
-                share = v["cached_share"]
-                log(f"  agentic {profile} {rate:g}/s {config:19s} goodput "
-                    f"{v['goodput_tok_s']:8.1f} tok/s  out {v['output_tok_s']:8.1f}  "
-                    f"SLO {v['slo_met']}/{v['requests']}  ttft p50 {v['ttft']['p50']:.2f} "
-                    f"p99 {v['ttft']['p99']:.2f}  cached "
-                    f"{'-' if share is None else f'{share:.2f}'}  prefill "
-                    f"{v['engines']['prefill_tokens']}  wall {v['wall_s']} s  "
-                    f"cpu {v['cpu_cores']}")
+        for n, rate in enumerate(rates):
+            configs = {c: runs[n] for c, runs in by_config.items() if n < len(runs)}
             ok = {c: v for c, v in configs.items() if "error" not in v}
             levels.append({"rate": rate, "configs": configs, "verdict": verdict(ok)})
         result["profiles"][profile] = levels
