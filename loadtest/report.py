@@ -295,7 +295,8 @@ def openloop_section(result: dict[str, Any], images: dict[str, str]
              f"[{s['input_low']}, {s['input_high']}] tokens), output lengths lognormal "
              f"(median {s['output_median']:g}, sigma {s['output_sigma']:g}, clipped to "
              f"[{s['output_low']}, {s['output_high']}]) with ignore_eos. Rates are fractions "
-             f"{', '.join(f'{f:g}' for f in s['fractions'])} of the saturation rate: the "
+             f"{', '.join(f'{f:g}' for f in s['fractions'])} (per profile where its "
+             "section says so) of the saturation rate: the "
              "requests/s the better pool alone completes with "
              f"{s['saturation_batch']} requests in its batch (the profile's cost model: decode "
              "throughput at that batch and the mean context; plus the profile's prefill cost "
@@ -333,7 +334,10 @@ def openloop_section(result: dict[str, Any], images: dict[str, str]
                   f"per request and {cap['mean_output_tokens']:g} mean output tokens: eagle "
                   f"{pools['eagle']['req_s']:.3g} req/s, baseline "
                   f"{pools['baseline']['req_s']:.3g} req/s. Cost-model crossover "
-                  f"{_f(cap.get('crossover'), 1)} requests.", ""]
+                  f"{_f(cap.get('crossover'), 1)} requests. Poisson rates: "
+                  + ", ".join(f"{ld['rate']:g} ({ld['requests']} requests)"
+                              for ld in data["loads"] if ld["rate"] is not None)
+                  + " req/s.", ""]
         lines += [line.replace("applied to every router config",
                                "applied to router-calibrated and router-goodput (not to "
                                "`router`)")

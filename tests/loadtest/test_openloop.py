@@ -88,8 +88,10 @@ def test_rates_come_from_the_better_pool_at_the_saturation_batch() -> None:
         rates = openloop.rates_for(cap["saturation_req_s"], s.fractions)
         assert len(rates) >= 5 and rates == sorted(rates)
         assert rates[-1] == pytest.approx(1.1 * cap["saturation_req_s"], rel=1e-2)
+        top = max(s.fractions_of(profile))
         # the top rate is beyond EAGLE-3's capacity: a router must move to the baseline
         assert rates[-1] > pools["eagle"]["req_s"]
+    assert top == 1.4  # h200's EAGLE-3 is ahead of the estimate (PROFILE_FRACTIONS)
     cap, loads = openloop.loads_of("seed-coding", s)
     assert [ld.name for ld in loads][-1] == "burst"
     counts = [len(ld.arrivals) for ld in loads if ld.rate is not None]
