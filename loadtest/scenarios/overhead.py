@@ -6,7 +6,9 @@ slow drift on the host (other work on the same 2 cores) cancels out. Reported: T
 p50/p90/p99 of each path and their difference, the router's CPU seconds per streamed
 request (user + system from /proc), and the highest request rate it sustained with one
 worker (and N workers sharing state through Redis, when `serve --workers` exists).
-The `peer` scenario runs the same measurement with another router in the router's seat.
+`side_by_side` measures specrouter and another router (the `peer` scenario: SGLang's
+model gateway) in one run against one engine, at 16, 100 and 400 connections: phases
+rotate direct / specrouter / peer, so every figure of one level saw the same host.
 """
 
 from __future__ import annotations
@@ -218,6 +220,77 @@ def measure(s: OverheadSettings, starter: RouterStarter | None = None,
         if multi_worker and s.rates:
             result["rate_n_workers"] = multi_worker_rate(s, model, engine, stack)
     return result
+
+
+LEVELS = (16, 100, 400)
+DIRECT = "direct"
+SPECROUTER = "specrouter"
+
+
+def _path_figures(results: list[RequestResult], cpu_s: float, seconds: float
+                  ) -> dict[str, Any]:
+    ok = [x for x in results if x.ok]
+    ttft = [x.ttft for x in ok if x.ttft is not None]
+    return {"requests": len(ok), "errors": len(results) - len(ok),
+            "req_s": len(ok) / seconds,
+            "cpu_ms_per_request": cpu_s / max(1, len(ok)) * 1e3,
+            "ttft_p50_ms": _ms(ttft, 0.5), "ttft_p99_ms": _ms(ttft, 0.99)}
+
+
+def _rotate(s: OverheadSettings, paths: dict[str, tuple[str, int]], shape: RequestShape,
+            concurrency: int, rounds: int, seconds: float, think_s: float
+            ) -> dict[str, dict[str, Any]]:
+    """`rounds` phases per path at `concurrency`, the paths in turn; per path its figures
+    over all its phases, CPU from its own process."""
+    results: dict[str, list[RequestResult]] = {name: [] for name in paths}
+    cpu = dict.fromkeys(paths, 0.0)
+    for _ in range(rounds):
+        for name, (url, pid) in paths.items():
+            watch = CpuWatch({name: pid})
+            results[name] += run_async(_closed(url, shape, s, concurrency, seconds, name,
+                                               think_s))
+            cpu[name] += watch.cpu_used(name)
+    return {name: _path_figures(results[name], cpu[name], rounds * seconds)
+            for name in paths}
+
+
+def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
+                 levels: tuple[int, ...] = LEVELS) -> dict[str, Any]:
+    """Direct, specrouter and `peer` (name, starter) against one engine, at each level of
+    concurrency: streams of `output_tokens` with think time (added TTFT = a router's
+    percentile minus direct's, CPU per request of each router's process) and, for
+    throughput, 1-token streams without think time (req/s; direct's CPU column is the
+    engine's). For a level, every phase of every path ran within the same minute."""
+    profile = zero_cost_profile(s.step_cost_factor)
+    with Stack() as stack:
+        sim = stack.sim_group("gpu0", str(profile), s.time_scale, s.seed)
+        engine = sim.urls()[s.pool]
+        model = served_model(engine)
+        paths = {DIRECT: (engine, sim.child.pid),
+                 SPECROUTER: start_specrouter(stack, engine, s.router_env)}
+        if peer is not None:
+            paths[peer[0]] = peer[1](stack, engine)
+        shape = RequestShape(model, s.input_tokens, s.output_tokens)
+        one_token = RequestShape(model, 16, 1)
+        out: list[dict[str, Any]] = []
+        for concurrency in levels:
+            for url, _ in paths.values():
+                run_async(_closed(url, shape, s, concurrency, 1.0, "warm"))
+            streams = _rotate(s, paths, shape, concurrency, s.rounds, s.seconds, s.think_s)
+            direct = streams[DIRECT]
+            for name, figures in streams.items():
+                if name != DIRECT:
+                    for q in ("p50", "p99"):
+                        figures[f"added_{q}_ms"] = (figures[f"ttft_{q}_ms"]
+                                                    - direct[f"ttft_{q}_ms"])
+            rate = _rotate(s, paths, one_token, concurrency, 1, s.rate_seconds, 0.0)
+            out.append({"concurrency": concurrency, "streams": streams, "rate": rate})
+    base = out[0]["rate"]
+    for level in out:
+        for name, figures in level["rate"].items():
+            figures["vs_lowest_level"] = figures["req_s"] / max(1e-9, base[name]["req_s"])
+            figures["vs_direct"] = figures["req_s"] / max(1e-9, level["rate"][DIRECT]["req_s"])
+    return {"settings": asdict(s), "levels": out, "paths": list(paths)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

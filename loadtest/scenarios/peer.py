@@ -1,7 +1,7 @@
-"""`peer`: the overhead measurement for the SGLang model gateway (PyPI `sglang-router`).
+"""`peer`: specrouter and the SGLang model gateway (PyPI `sglang-router`) side by side.
 
-Same simulated engine, same client, same phases as `overhead`; only the process in the
-router's seat changes, so the report can put the two side by side. The gateway is the
+One run, one simulated engine, one client: `overhead.side_by_side` rotates direct,
+specrouter and the gateway at 16, 100 and 400 connections. The gateway is the
 Rust router SGLang ships: `python -m sglang_router.launch_router --worker-urls URL`
 (round-robin policy over the one worker; its Prometheus port is moved to a free port so
 runs do not collide). When the package is missing the result says "not measured".
@@ -22,6 +22,7 @@ from loadtest.scenarios import overhead
 
 DEFAULT_TIME_SCALE = 1.0
 PEER_NAME = "sglang-router (SGLang model gateway)"
+PEER_KEY = "sglang-router"  # its path's name in `overhead.side_by_side`
 
 
 def peer_available() -> bool:
@@ -61,7 +62,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         result["why"] = "sglang-router is not installed (pip install '.[bench]')"
     else:
         result["measured"] = True
-        result.update(overhead.measure(s, starter=start_sglang_router, multi_worker=False))
+        result.update(overhead.side_by_side(s, (PEER_KEY, start_sglang_router)))
     if s.out_dir:
         Path(s.out_dir).mkdir(parents=True, exist_ok=True)
         write_json(Path(s.out_dir) / "peer.json", result)

