@@ -176,8 +176,10 @@ def _peer(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                               "version": peer.peer_version()}
     if not peer.peer_available():
         return {**result, "why": "sglang-router not installed (pip install '.[bench]')"}
-    return {**result, **overhead.measure(overhead_settings(args, out),
-                                         starter=peer.start_sglang_router, multi_worker=False)}
+    s = overhead_settings(args, out)
+    if not args.quick:  # 3 levels x 3 paths: about 3 minutes
+        s.rounds, s.seconds, s.rate_seconds = 2, 4.0, 3.0
+    return {**result, **overhead.side_by_side(s, (peer.PEER_KEY, peer.start_sglang_router))}
 
 
 def _merge_meta(out: Path, command: str, elapsed_s: float) -> dict[str, Any]:
