@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.scenarios import openloop
-from loadtest.scenarios.overhead import P50_TARGET_MS, P99_TARGET_MS
+from loadtest.scenarios.overhead import P50_TARGET_MS, P99_TARGET_MS, side_by_side_lines
 from loadtest.scenarios.sweep import LATENCY_TARGET, THROUGHPUT_TARGET
 from loadtest.scenarios.trace import GOODPUT_TARGET
 
@@ -463,7 +463,7 @@ def overhead_section(overhead: dict[str, Any] | None, peer: dict[str, Any] | Non
     if eagle_regime:
         rows.append(("specrouter, two pools in the EAGLE-3 regime (arrival window waits)",
                      eagle_regime))
-    if peer:
+    if peer and not peer.get("levels"):
         rows.append((peer.get("peer", "peer") + f" {peer.get('version', '')}", peer))
     lines += ["| router | streams | added TTFT p50 ms | added TTFT p99 ms | added TTFB p50 ms"
               " | added TTFB p99 ms | direct TTFT p50 ms | router CPU ms/request | max req/s "
@@ -488,6 +488,8 @@ def overhead_section(overhead: dict[str, Any] | None, peer: dict[str, Any] | Non
         part, missed = _overhead_targets(overhead)
         lines += part
         misses += missed
+    if peer and peer.get("levels"):  # the peer scenario: both routers in one run
+        lines += side_by_side_lines(peer)
     return lines, misses
 
 

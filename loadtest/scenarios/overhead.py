@@ -322,3 +322,47 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         Path(s.out_dir).mkdir(parents=True, exist_ok=True)
         write_json(Path(s.out_dir) / "overhead.json", result)
     return result
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def side_by_side_lines(result: dict[str, Any]) -> list[str]:
+    """The report's table of a `side_by_side` run, and its figures against the targets:
+    a router's CPU per streamed request at most the peer's, added TTFT p50/p99 under
+    P50_TARGET_MS/P99_TARGET_MS at 100 streams, 1-token throughput at each level at
+    least 0.9x that at the lowest level."""
+    levels = result.get("levels") or []
+    routers = [p for p in result.get("paths", []) if p != DIRECT]
+    lines = ["### Side by side in one run: " + ", ".join(routers), "",
+             "Phases rotate direct / " + " / ".join(routers) + " at each level (streams of "
+             "16 tokens with think time for TTFT and CPU; 1-token streams without think time "
+             "for req/s; direct's CPU is the engine's). Added TTFT = the router's percentile "
+             "minus direct's in the same level.", "",
+             "| connections | router | added TTFT p50 ms | added TTFT p99 ms | CPU ms/request "
+             "| stream req/s | 1-token req/s | vs lowest level | vs direct | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for level in levels:
+        for name in [DIRECT, *routers]:
+            st, rt = level["streams"][name], level["rate"][name]
+            lines.append(
+                f"| {level['concurrency']} | {name} | {_num(st.get('added_p50_ms'), 3)} | "
+                f"{_num(st.get('added_p99_ms'), 3)} | {_num(st['cpu_ms_per_request'], 3)} | "
+                f"{_num(st['req_s'], 1)} | {_num(rt['req_s'], 1)} | "
+                f"{_num(rt['vs_lowest_level'])} | {_num(rt['vs_direct'])} | "
+                f"{st['errors'] + rt['errors']} |")
+    lines.append("")
+    if SPECROUTER in routers and len(routers) > 1 and levels:
+        peer = next(r for r in routers if r != SPECROUTER)
+        for level in levels:
+            ours = level["streams"][SPECROUTER]["cpu_ms_per_request"]
+            theirs = level["streams"][peer]["cpu_ms_per_request"]
+            met = "met" if ours <= theirs else "**missed**"
+            lines.append(f"- {level['concurrency']} connections: specrouter CPU per streamed "
+                         f"request {ours:.3f} ms, {peer} {theirs:.3f} ms "
+                         f"({ours / max(1e-9, theirs):.2f}x): {met}; specrouter 1-token "
+                         f"throughput {level['rate'][SPECROUTER]['vs_lowest_level']:.2f}x the "
+                         f"lowest level's")
+        lines.append("")
+    return lines
