@@ -1,0 +1,36 @@
+"""The report of a side-by-side overhead run: one row per level and path, and the CPU
+comparison with the peer router judged per level."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loadtest.scenarios.overhead import side_by_side_lines
+
+
+def _path(cpu: float, req_s: float, added: float | None = None) -> dict[str, Any]:
+    figures: dict[str, Any] = {"requests": 10, "errors": 0, "req_s": req_s,
+                               "cpu_ms_per_request": cpu, "ttft_p50_ms": 5.0,
+                               "ttft_p99_ms": 9.0}
+    if added is not None:
+        figures["added_p50_ms"], figures["added_p99_ms"] = added, added * 2
+    return figures
+
+
+def _level(c: int, ours: float, theirs: float) -> dict[str, Any]:
+    rate = {name: {**_path(0.5, 100.0), "vs_lowest_level": 1.0, "vs_direct": 1.0}
+            for name in ("direct", "specrouter", "peer")}
+    return {"concurrency": c, "rate": rate,
+            "streams": {"direct": _path(1.0, 50.0), "specrouter": _path(ours, 50.0, 0.5),
+                        "peer": _path(theirs, 50.0, 0.7)}}
+
+
+def test_each_level_is_judged_on_cpu_against_the_peer() -> None:
+    result = {"paths": ["direct", "specrouter", "peer"],
+              "levels": [_level(16, 0.4, 0.5), _level(100, 0.6, 0.5)]}
+    lines = side_by_side_lines(result)
+    rows = [line for line in lines if line.startswith("| 16 ") or line.startswith("| 100 ")]
+    assert len(rows) == 6
+    verdicts = [line for line in lines if line.startswith("- ")]
+    assert "0.80x): met" in verdicts[0]
+    assert "1.20x): **missed**" in verdicts[1]
