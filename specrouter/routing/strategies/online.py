@@ -12,8 +12,9 @@ request per ms). The other pool would carry the same demand at the load L' where
 throughput equals lambda; the group switches when the other pool's time per output token
 at L' beats the current pool's at S by `online_margin` (a switch back to EAGLE-3 also
 waits `online_min_dwell_s` since the last switch). A burst that clearly exceeds EAGLE-3
-moves at once: the instantaneous load beyond its batch cap, or the baseline ahead at the
-instantaneous load by `online_burst_margin`.
+moves at once: the baseline ahead at the instantaneous load by `online_burst_margin`
+(the prediction counts the requests beyond EAGLE-3's batch cap as queued, so a load past
+the cap moves only when the baseline serves it better).
 
 Without a cost model it decides as `threshold` (reason `online_no_model`).
 """
@@ -89,11 +90,9 @@ class Online:
             model.nominal_accept_length)
         current = state.pool
         preds = model.predictions(at.load + 1, accept)
-        if current == "eagle":
-            cap = model.eagle_max_batch
-            if ((cap is not None and at.load + 1 > cap)
-                    or gain(model, "eagle", at.load + 1, accept) > p.online_burst_margin):
-                return Decision("baseline", "online_burst",
+        if current == "eagle" and gain(model, "eagle", at.load + 1,
+                                       accept) > p.online_burst_margin:
+            return Decision("baseline", "online_burst",
                                 state.switched("baseline", at.now), at.load, preds)
         sustained = at.load if at.sustained is None else at.sustained
         g = gain(model, current, max(1.0, sustained), accept)

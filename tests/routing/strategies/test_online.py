@@ -44,8 +44,11 @@ def test_short_overlaps_stay_on_the_active_pool() -> None:
 
 
 def test_a_burst_beyond_eagle_moves_at_once() -> None:
-    assert pick(H200, 48, 2.0) == ("baseline", "online_burst")  # the batch cap
     assert pick(SEED, 12, 0.5) == ("baseline", "online_burst")  # far past the crossover
+    # H200: below the crossover a burst stays; past EAGLE-3's batch cap (48) the extra
+    # requests queue there and the baseline serves the whole load better
+    assert pick(H200, 30, 2.0) == ("eagle", "online_eagle")
+    assert pick(H200, 60, 2.0) == ("baseline", "online_burst")
 
 
 def test_back_to_eagle_after_the_dwell_and_only_when_sustained_load_falls() -> None:
