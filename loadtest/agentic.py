@@ -205,7 +205,7 @@ class TurnResult:
     request: RequestResult
     cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (0 when absent)
     cached_reported: bool = False  # whether the server reported cached tokens at all
-    target: str = ""  # the base URL the turn was sent to
+    target: str = ""  # the server the session is pinned to ("" when a proxy decides)
 
 
 @dataclass
@@ -285,7 +285,7 @@ class Player:
             await stream_request(pool, "/v1/chat/completions", body, result, headers, answer)
             self.results.append(TurnResult(
                 session.index, n, result, answer.cached or 0, answer.cached is not None,
-                target))
+                target if len(self.targets) > 1 else ""))
             if not result.ok:  # an agent without its answer cannot go on
                 self.unsent_turns += len(session.turns) - n - 1
                 return

@@ -560,7 +560,10 @@ def agentic_section(result: dict[str, Any]) -> tuple[list[str], list[str]]:
              f"lognormal (median {shape['think_median_s']:g} s) between an answer and the "
              f"next turn. Sessions arrive as a Poisson process over {s['window_s']:g} "
              f"simulated s (open loop); each is closed loop inside. Two GPU groups; every "
-             f"config plays the same sessions on fresh processes. Simulator flags: "
+             f"config plays the same sessions, its rates lightest first on one set of "
+             f"processes with every engine's prefix cache flushed between rates. Session "
+             f"moves: turns sent to another server than the session's previous turn (from "
+             f"x-specrouter-backend; n/a where the proxy does not say). Simulator flags: "
              f"{', '.join(result.get('sim_flags') or []) or 'none'} (cached tokens come "
              f"from usage.prompt_tokens_details.cached_tokens; prefill tokens from the "
              f"engines' /sim/state).", "",
