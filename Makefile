@@ -32,10 +32,11 @@ redis:
 	fi
 
 # The whole suite against the simulator speaking SGLang 0.5.23 (its default), then the
-# integration suite again against 0.5.10: the router meets both releases.
+# integration suite again against 0.5.10: the router meets both releases. Two workers
+# (pytest-xdist): most tests wait on processes and sockets, not on the CPU.
 test: $(STAMP) redis
-	$(VENV)/bin/pytest -q
-	SPECROUTER_SIM_SGLANG_VERSION=0.5.10 $(VENV)/bin/pytest -q tests/integration
+	$(VENV)/bin/pytest -q -n 2
+	SPECROUTER_SIM_SGLANG_VERSION=0.5.10 $(VENV)/bin/pytest -q -n 2 tests/integration
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specrouter tests loadtest

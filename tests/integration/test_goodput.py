@@ -65,7 +65,11 @@ def _check_report(group: dict[str, Any], accept_near: float) -> None:
     assert all(p["load"] == group["load"] + 1 for p in preds.values())  # the new request joins
     for p in preds.values():
         assert p["throughput_tok_s"] > 0 and p["tpot_ms"] > 0
-    assert group["crossover"] == MODEL.crossover(accept)
+    # The served model is the profile's curves times factors learned from telemetry (seed
+    # weight 64), so its crossover at the live accept length stays near the profile's.
+    assert group["crossover"] == group["learned"]["crossover"]
+    expected = MODEL.crossover(accept)
+    assert expected is not None and abs(group["crossover"] - expected) < 0.1 * expected, group
 
 
 def test_choice_follows_the_live_accept_length(sim_group: Any, router: RouterFactory) -> None:
