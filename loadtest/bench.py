@@ -219,6 +219,9 @@ def make_plots(results: dict[str, Any], img_dir: Path, report_dir: Path) -> dict
     for profile, data in results.get("openloop", {}).get("profiles", {}).items():
         path = plots.openloop_plot(profile, data, img_dir / f"openloop-{profile}.png")
         images[f"openloop:{profile}"] = str(path.relative_to(report_dir))
+    for profile, levels in results.get("agentic", {}).get("profiles", {}).items():
+        path = plots.agentic_plot(profile, levels, img_dir / f"agentic-{profile}.png")
+        images[f"agentic:{profile}"] = str(path.relative_to(report_dir))
     for key, value in results.items():
         if key.startswith("trace:"):
             path = plots.trace_plot(value, img_dir / f"trace-{key.split(':', 1)[1]}.png")

@@ -133,3 +133,43 @@ def openloop_plot(profile: str, data: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+AGENTIC_STYLE = {**STYLE,
+                 "router": ("tab:green", "D", "specrouter (affinity)"),
+                 "router-noaffinity": ("tab:olive", "v", "specrouter, no affinity"),
+                 "sglang-cache_aware": ("tab:red", "X", "sglang-router cache_aware"),
+                 "sglang-round_robin": ("tab:brown", "x", "sglang-router round_robin"),
+                 "adaptive": ("tab:gray", "*", "adaptive engine (one per GPU)")}
+
+
+def agentic_plot(profile: str, levels: list[dict[str, Any]], path: Path) -> Path:
+    """Goodput, cached-token share and TTFT p99 against the session arrival rate, one line
+    per config."""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
+    configs = {c for lv in levels for c in lv.get("configs", {})}
+    for config in sorted(configs):
+        rows = [(lv["rate"], lv["configs"][config]) for lv in levels
+                if "error" not in lv.get("configs", {}).get(config, {"error": ""})]
+        if not rows:
+            continue
+        color, marker, label = AGENTIC_STYLE.get(config, ("gray", "x", config))
+        xs = [rate for rate, _ in rows]
+        series = ([v["goodput_tok_s"] for _, v in rows],
+                  [100.0 * (v.get("cached_share") or 0.0) for _, v in rows],
+                  [v["ttft"]["p99"] for _, v in rows])
+        for ax, values in zip(axes, series, strict=True):
+            ax.plot(xs, values, color=color, marker=marker, label=label)
+    for ax, title, ylabel in zip(axes, ("goodput (turns within the SLO)", "cached-token share",
+                                        "TTFT p99"), ("tokens/s", "%", "seconds"), strict=True):
+        ax.set_xlabel("session arrival rate (sessions/s, simulated)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{profile}: {title}")
+        ax.grid(True, alpha=0.3)
+    axes[2].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -544,7 +544,8 @@ def _agentic_check(name: str, check: dict[str, Any]) -> str:
     return f"{name} {text}: {_check(check.get('met'), 'below target')}"
 
 
-def agentic_section(result: dict[str, Any]) -> tuple[list[str], list[str]]:
+def agentic_section(result: dict[str, Any],
+                    images: dict[str, str]) -> tuple[list[str], list[str]]:
     """The agentic multi-turn trace: one table per profile and rate, then the checks."""
     s, shape = result["settings"], result["shape"]
     lines = ["## Agentic multi-turn sessions", "",
@@ -580,6 +581,8 @@ def agentic_section(result: dict[str, Any]) -> tuple[list[str], list[str]]:
     for profile, levels in result["profiles"].items():
         scale = s["profile_time_scales"].get(profile, s["time_scale"])
         lines += [f"### {profile} (simulator time scale {scale:g})", ""]
+        if f"agentic:{profile}" in images:
+            lines += [f"![agentic {profile}]({images[f'agentic:{profile}']})", ""]
         for lv in levels:
             lines += [f"Session arrival rate {lv['rate']:g}/s:", "",
                       "| config | goodput tok/s | output tok/s | turns in SLO | cached share "
@@ -655,7 +658,7 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
         body += part
         misses += miss
     if "agentic" in results:
-        part, miss = agentic_section(results["agentic"])
+        part, miss = agentic_section(results["agentic"], images)
         body += part
         misses += miss
     if "overhead" in results or "peer" in results:

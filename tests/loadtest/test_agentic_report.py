@@ -1,0 +1,21 @@
+"""The agentic section of the report: a recorded result renders its table and its plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from loadtest import bench, report
+
+# `python -m loadtest.bench --quick`'s agentic result (h200-llama3-8b, 1.5 sessions/s)
+RECORDED = Path(__file__).parent / "data" / "agentic-quick.json"
+
+
+def test_report_plots_each_profile_and_shows_the_plot(tmp_path: Path) -> None:
+    results = {"agentic": json.loads(RECORDED.read_text(encoding="utf-8"))}
+    images = bench.make_plots(results, tmp_path / "img", tmp_path)
+    assert set(images) == {"agentic:h200-llama3-8b"}
+    assert (tmp_path / images["agentic:h200-llama3-8b"]).stat().st_size > 1000
+    text = report.render(results, images, ["pytest"], "test run", "now", 1.0)
+    assert "![agentic h200-llama3-8b](img/agentic-h200-llama3-8b.png)" in text
+    assert "| router | 347.0 |" in text
