@@ -1,4 +1,7 @@
-"""`python -m loadtest run|sweep|trace|openloop|overhead|peer ...` (see loadtest/__init__.py)."""
+"""`python -m loadtest run|sweep|trace|openloop|overhead|peer|alternatives ...`.
+
+The scenarios are listed in loadtest/__init__.py.
+"""
 
 from __future__ import annotations
 
@@ -132,13 +135,14 @@ def _one_line(s: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from loadtest.scenarios import agentic, openloop, overhead, peer, sweep, trace
+    from loadtest.scenarios import agentic, alternatives, openloop, overhead, peer, sweep, trace
 
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_arguments(sub.add_parser("run", help="load any OpenAI-compatible endpoint"))
     for name, module in (("sweep", sweep), ("trace", trace), ("openloop", openloop),
-                         ("overhead", overhead), ("peer", peer), ("agentic", agentic)):
+                         ("overhead", overhead), ("peer", peer), ("agentic", agentic),
+                         ("alternatives", alternatives)):
         p = sub.add_parser(name, help=(module.__doc__ or "").splitlines()[0])
         add_common(p, time_scale=module.DEFAULT_TIME_SCALE)
         p.add_argument("--quick", action="store_true", help="a short smoke version")
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 load_trace(args.trace)  # a bad trace fails before any request is sent
             return cmd_run(args)
         module = {"sweep": sweep, "trace": trace, "openloop": openloop, "overhead": overhead,
-                  "peer": peer, "agentic": agentic}[args.command]
+                  "peer": peer, "agentic": agentic, "alternatives": alternatives}[args.command]
         result = module.main(args)
     except (ValueError, RuntimeError, OSError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
