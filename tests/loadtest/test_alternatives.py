@@ -3,14 +3,9 @@ HTTP), and the aiohttp transport it plugs in against the simulator."""
 
 from __future__ import annotations
 
-import pytest
-
 from loadtest.procs import Stack, served_model
 from loadtest.scenarios import alternatives, overhead
 from loadtest.scenarios.common import run_async
-
-pytest.importorskip("granian")
-pytest.importorskip("aiohttp")
 
 
 def test_one_level_rotates_every_path_without_errors() -> None:
