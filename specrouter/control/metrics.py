@@ -159,8 +159,12 @@ class RouterMetrics:
         r = self.registry
         self.requests = Counter(f"{PREFIX}_requests", "Requests answered, by pool/backend/status",
                                 ["pool", "backend", "status"], registry=r)
-        self.decisions = Counter(f"{PREFIX}_decisions", "Routing decisions, by pool and reason",
-                                 ["pool", "reason"], registry=r)
+        # `group` is last so that a line of the exposition still starts with the pool
+        # (scripts/router_sweep.py matches that prefix); groups come from the configuration,
+        # so the label's values are bounded.
+        self.decisions = Counter(f"{PREFIX}_decisions",
+                                 "Routing decisions, by pool, reason and GPU group",
+                                 ["pool", "reason", "group"], registry=r)
         self.upstream_errors = Counter(f"{PREFIX}_upstream_errors",
                                        "Failed upstream exchanges (connection errors, 5xx)",
                                        ["backend"], registry=r)
@@ -201,8 +205,8 @@ class RouterMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def observe_decision(self, pool: str, reason: str) -> None:
-        self._child(self.decisions, pool, reason).inc()
+    def observe_decision(self, pool: str, reason: str, group: str) -> None:
+        self._child(self.decisions, pool, reason, group).inc()
 
     def observe_probe(self, backend: str) -> None:
         self._child(self.probes, backend).inc()

@@ -49,7 +49,7 @@ _ARRIVING = "(arriving)"
 class DecisionMetrics(Protocol):
     """The events the router counts (control's `RouterMetrics`)."""
 
-    def observe_decision(self, pool: str, reason: str) -> None: ...
+    def observe_decision(self, pool: str, reason: str, group: str) -> None: ...
 
     def observe_probe(self, backend: str) -> None: ...
 
@@ -133,7 +133,7 @@ class LoadAwareRouter:
             target = self._decide(groups, policy, request, now)
         self.monitor.health.allow_request(target.backend.name, now)  # claims a half-open slot
         if self._metrics is not None:
-            self._metrics.observe_decision(target.pool, target.reason)
+            self._metrics.observe_decision(target.pool, target.reason, target.group)
             if request.recalled:
                 self._metrics.observe_recall(target.group)
         return target

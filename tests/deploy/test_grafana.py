@@ -44,6 +44,24 @@ def metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\bspecrouter_[a-zA-Z0-9_:]*", bare))
 
 
+def filtered_labels(expr: str) -> dict[str, set[str]]:
+    """The label names each series of a PromQL expression is filtered on (`name{label=...}`)."""
+    out: dict[str, set[str]] = {}
+    for name, matchers in re.findall(r"\b(specrouter_[a-zA-Z0-9_:]*)\{([^}]*)\}", expr):
+        bare = re.sub(r'"[^"]*"', '""', matchers)
+        out.setdefault(name, set()).update(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", bare))
+    return out
+
+
+def exported_labels(exposition: str) -> dict[str, set[str]]:
+    """The label names the samples of each sample name carry in a scrape."""
+    out: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+    return out
+
+
 def exported_names(exposition: str) -> set[str]:
     """The sample names a scrape can hold: every family's samples, and for a declared family
     with no sample yet (a labelled counter before its first event), the names of its type."""
@@ -85,13 +103,29 @@ def test_every_query_names_a_series_a_running_router_exports(
         stream = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True)
         assert [chunk for chunk in stream]
-    exported = exported_names(httpx.get(f"{proc.url}/metrics", timeout=5.0).text)
+    exposition = httpx.get(f"{proc.url}/metrics", timeout=5.0).text
+    exported = exported_names(exposition)
     assert "specrouter_time_to_first_token_seconds_bucket" in exported
     used = set().union(*(metric_names(q) for q in queries(dashboard())))
     assert used - exported == set()
+    # a label a panel filters on (the $group selection) is one the series carries
+    labels = exported_labels(exposition)
+    assert {"pool", "reason", "group"} <= labels["specrouter_decisions_total"]
+    for query in queries(dashboard()):
+        for name, filtered in filtered_labels(query).items():
+            if name in labels:
+                assert filtered <= labels[name], (query, filtered - labels[name])
     # the dashboard covers the router's families, the state store's included
     assert {"specrouter_group_pool", "specrouter_decisions_total", "specrouter_state_connected",
             "specrouter_breaker_state", "specrouter_telemetry_age_seconds"} <= used
+
+
+def test_the_label_check_bites() -> None:
+    expr = 'sum by (group) (rate(specrouter_decisions_total{group=~"$group",pool="a=b"}[5m]))'
+    assert filtered_labels(expr) == {"specrouter_decisions_total": {"group", "pool"}}
+    scrape = ("# TYPE specrouter_decisions counter\n# HELP specrouter_decisions x\n"
+              'specrouter_decisions_total{pool="eagle",reason="low_load"} 1.0\n')
+    assert exported_labels(scrape)["specrouter_decisions_total"] == {"pool", "reason"}
 
 
 def test_the_name_check_bites() -> None:

@@ -149,7 +149,7 @@ def test_live_workers_inflight_adds_up_and_gauges_take_the_latest(
 def test_one_process_keeps_its_registry() -> None:
     metrics = RouterMetrics()
     assert not metrics.multiprocess
-    metrics.observe_decision("eagle", "low_load")
+    metrics.observe_decision("eagle", "low_load", "gpu0")
     assert b"specrouter_decisions_total" in metrics.render()
 
 

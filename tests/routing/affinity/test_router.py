@@ -31,7 +31,7 @@ class Hits:
         self.affinity: list[bool] = []
         self.reasons: list[str] = []
 
-    def observe_decision(self, pool: str, reason: str) -> None:
+    def observe_decision(self, pool: str, reason: str, group: str) -> None:
         self.reasons.append(reason)
 
     def observe_probe(self, backend: str) -> None: ...
