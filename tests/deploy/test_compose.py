@@ -23,7 +23,7 @@ from specrouter.config import load_settings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 SCHEMA = json.loads(Path(__file__).with_name("compose-spec.json").read_text())
-_VAR = re.compile(r"\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+_VAR = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
 
 def raw_compose() -> dict[str, Any]:
@@ -38,9 +38,11 @@ def env_example() -> dict[str, str]:
 
 
 def interpolate(text: str, env: dict[str, str]) -> str:
-    """Compose's ${VAR}, ${VAR:-default}, ${VAR:?error} rules, enough for this file."""
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR:?error} and $$ rules, enough for this file."""
     def sub(match: re.Match[str]) -> str:
         name, op, arg = match.group(1), match.group(2), match.group(3)
+        if name is None:  # `$$`: a literal `$` for the container's shell
+            return "$"
         value = env.get(name, "")
         if op and op.endswith("-") and not value:
             return arg
@@ -53,7 +55,7 @@ def interpolate(text: str, env: dict[str, str]) -> str:
 def compose_with_env() -> dict[str, Any]:
     # .env.example ships no admin token: the operator appends a random one (docs/deploy.md)
     env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
-           "GRAFANA_ADMIN_PASSWORD": "e" * 32}
+           "GRAFANA_ADMIN_PASSWORD": "e" * 32, "REDIS_PASSWORD": "d" * 64}
     text = interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
     data: dict[str, Any] = yaml.safe_load(text)
     return data
@@ -79,9 +81,14 @@ def test_the_schema_catches_mistakes() -> None:
         validate(broken)
 
 
-def test_missing_admin_token_is_an_error_not_an_empty_secret() -> None:
-    env = {k: v for k, v in env_example().items() if k != "SPECROUTER_ADMIN_TOKEN"}
-    with pytest.raises(ValueError, match="SPECROUTER_ADMIN_TOKEN"):
+@pytest.mark.parametrize("secret", ["SPECROUTER_ADMIN_TOKEN", "GRAFANA_ADMIN_PASSWORD",
+                                    "REDIS_PASSWORD"])
+def test_a_missing_secret_is_an_error_not_an_empty_value(secret: str) -> None:
+    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+           "GRAFANA_ADMIN_PASSWORD": "e" * 32, "REDIS_PASSWORD": "d" * 64}
+    interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
+    del env[secret]
+    with pytest.raises(ValueError, match=f"{secret}: set {secret} in .env"):
         interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
 
 

@@ -6,19 +6,26 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
+import secrets
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from specrouter.config import Settings, load_settings
 from tests.deploy.test_compose import COMPOSE_DIR, env_example, interpolate
 from tests.deploy.test_helm import by_kind, one, render
+from tests.fixtures.procs import free_port, wait_until
+from tests.fixtures.redis import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parents[2]
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 KEYED = {"router": {"extraBackends": [
     {"name": "e0", "url": "http://10.0.0.5:30000", "pool": "eagle", "group": "gpu9",
      "api_key": "sk-extra-backend-key-0001"},
@@ -149,18 +156,96 @@ def test_env_example_ships_no_admin_token_and_compose_refuses_to_start_without_o
     assert "SPECROUTER_ADMIN_TOKEN" not in env_example()
     assert "change-me" not in (COMPOSE_DIR / ".env.example").read_text()
     with pytest.raises(ValueError, match="SPECROUTER_ADMIN_TOKEN"):
-        interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env_example())
+        interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(),
+                    {**env_example(), "REDIS_PASSWORD": "d" * 64})
 
 
-def test_the_documented_command_writes_a_random_token_into_env(tmp_path: Path) -> None:
+def documented_command(name: str) -> str:
+    """The line of docs/deploy.md that appends a random `name` to .env."""
     docs = (ROOT / "docs" / "deploy.md").read_text()
     (command,) = {line.strip() for line in docs.splitlines()
-                  if "openssl rand -hex 32" in line and ">> .env" in line}
-    for _ in range(2):
-        subprocess.run(["bash", "-c", command], cwd=tmp_path, check=True, timeout=10)
-    tokens = [line.split("=", 1)[1] for line in (tmp_path / ".env").read_text().splitlines()]
-    assert len(tokens) == 2 and tokens[0] != tokens[1]
-    assert all(re.fullmatch(r"[0-9a-f]{64}", t) for t in tokens)
-    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": tokens[0], "GRAFANA_ADMIN_PASSWORD": "g" * 32}
+                  if f'"{name}=$(openssl rand -hex 32)" >> .env' in line}
+    return command
+
+
+def test_the_documented_commands_write_random_secrets_into_env(tmp_path: Path) -> None:
+    values = {}
+    for name in ("SPECROUTER_ADMIN_TOKEN", "REDIS_PASSWORD"):
+        for _ in range(2):
+            subprocess.run(["bash", "-c", documented_command(name)], cwd=tmp_path, check=True,
+                           timeout=10)
+        written = [line.split("=", 1) for line in (tmp_path / ".env").read_text().splitlines()]
+        tokens = [v for k, v in written if k == name]
+        assert len(tokens) == 2 and tokens[0] != tokens[1]
+        assert all(re.fullmatch(r"[0-9a-f]{64}", t) for t in tokens)  # URL-safe as it stands
+        values[name] = tokens[0]
+    env = {**env_example(), **values, "GRAFANA_ADMIN_PASSWORD": "g" * 32}
     compose = yaml.safe_load(interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env))
-    assert compose["services"]["router"]["environment"]["SPECROUTER_ADMIN_TOKEN"] == tokens[0]
+    router_env = compose["services"]["router"]["environment"]
+    assert router_env["SPECROUTER_ADMIN_TOKEN"] == values["SPECROUTER_ADMIN_TOKEN"]
+    assert router_env["SPECROUTER_REDIS_URL"] == (
+        f"redis://:{values['REDIS_PASSWORD']}@redis:6379/0")
+
+
+def test_env_example_ships_no_redis_password() -> None:
+    assert "REDIS_PASSWORD" not in env_example()
+    with pytest.raises(ValueError, match="REDIS_PASSWORD"):
+        interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(),
+                    {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+                     "GRAFANA_ADMIN_PASSWORD": "e" * 32})
+
+
+def _stub(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def _sh(command: str, env: dict[str, str]) -> int:
+    return subprocess.run(["sh", "-c", command], env=env, capture_output=True,
+                          timeout=10).returncode
+
+
+def test_compose_redis_needs_the_password_its_healthcheck_and_the_router_have(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolved redis service run here: its command and environment as compose passes
+    them, the image's entrypoint and redis-cli replaced by stubs on a loopback port."""
+    password = secrets.token_hex(32)
+    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+           "GRAFANA_ADMIN_PASSWORD": "e" * 32, "REDIS_PASSWORD": password}
+    services = yaml.safe_load(interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(),
+                                          env))["services"]
+    service = services["redis"]
+    assert password not in json.dumps([service["command"], service["healthcheck"]])
+    port = free_port()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "docker-entrypoint.sh",
+          f'shift; exec {REDIS_SERVER} "$@" --port {port} --bind 127.0.0.1 --dir {tmp_path}')
+    _stub(bin_dir, "redis-cli", f'exec {REDIS_CLI} -p {port} "$@"')
+    container_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", **service["environment"]}
+    proc = subprocess.Popen(service["command"], env=container_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _sh(f"{REDIS_CLI} -p {port} ping", {}) == 0, timeout=20,
+                   what="redis-server of the compose service")
+        with redis.Redis(host="127.0.0.1", port=port) as anonymous, \
+                pytest.raises(redis.RedisError, match=r"(?i)auth"):
+            anonymous.ping()
+        kind, check = service["healthcheck"]["test"]
+        assert kind == "CMD-SHELL"
+        assert _sh(check, container_env) == 0
+        without = {k: v for k, v in container_env.items() if k != "REDISCLI_AUTH"}
+        assert _sh(check, without) != 0  # NOAUTH: unhealthy, though redis-cli exits 0
+        assert _sh(check, {**container_env, "REDISCLI_AUTH": "wrong"}) != 0
+        url = services["router"]["environment"]["SPECROUTER_REDIS_URL"]
+        monkeypatch.setenv("SPECROUTER_REDIS_URL", url.replace("@redis:6379", f"@127.0.0.1:{port}"))
+        monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", "f" * 64)
+        settings = load_settings(COMPOSE_DIR / "specrouter.yaml", environ={})
+        assert settings.redis_url is not None
+        assert password not in repr(settings)
+        with redis.Redis.from_url(settings.redis_url.get_secret_value()) as client:
+            assert client.ping()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
