@@ -116,8 +116,11 @@ def test_metrics_exposition_has_the_series(cluster: ClusterFactory) -> None:
         if n.endswith("_total"):  # summed over the backends of each pool
             ok[lbl["pool"], lbl["status"]] = ok.get((lbl["pool"], lbl["status"]), 0) + v
     assert ok[("eagle", "200")] == 3 and ok[("baseline", "200")] == 1
-    decided = {(lbl["pool"], lbl["reason"]): v for n, lbl, v in samples("specrouter_decisions")
-               if n.endswith("_total")}
+    decided: dict[tuple[str, str], float] = {}  # summed over the groups
+    for n, lbl, v in samples("specrouter_decisions"):
+        if n.endswith("_total"):
+            assert lbl["group"] in ("gpu0", "gpu1")
+            decided[lbl["pool"], lbl["reason"]] = decided.get((lbl["pool"], lbl["reason"]), 0) + v
     assert decided[("eagle", "online_eagle")] == 3
     assert decided[("baseline", "forced_mode")] == 1
     ttft = [v for n, lbl, v in samples("specrouter_time_to_first_token_seconds")
