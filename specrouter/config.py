@@ -298,14 +298,38 @@ class AffinitySettings(_Section):
         return value
 
 
+#: The shortest admin token accepted without allow_weak_admin_token.
+MIN_ADMIN_TOKEN_CHARS = 16
+#: Placeholders found in examples, compared lower-case without punctuation.
+_PLACEHOLDER_TOKENS = ("changeme", "replaceme", "password", "placeholder", "yourtoken")
+#: Fewer distinct characters than this is a repeated pattern ("xxxx...", "abab..."): a
+#: random 16-character hex token has fewer with probability below 1e-5.
+_MIN_DISTINCT_CHARS = 5
+
+
+def weak_admin_token(token: str) -> str | None:
+    """Why `token` is too weak to guard policy writes, or None; the reason never quotes it."""
+    if len(token) < MIN_ADMIN_TOKEN_CHARS:
+        return f"shorter than {MIN_ADMIN_TOKEN_CHARS} characters"
+    folded = re.sub(r"[^a-z0-9]", "", token.lower())
+    if any(word in folded for word in _PLACEHOLDER_TOKENS):
+        return "a placeholder from an example"
+    if len(set(token)) < _MIN_DISTINCT_CHARS:
+        return f"made of fewer than {_MIN_DISTINCT_CHARS} distinct characters"
+    return None
+
+
 class Settings(BaseSettings):
     """Everything `specrouter serve` needs; see the module docstring for precedence."""
 
+    # hide_input_in_errors: the inputs hold the admin token and backend API keys, and a
+    # ValidationError's text would otherwise print them.
     model_config = SettingsConfigDict(
         env_prefix="SPECROUTER_",
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        hide_input_in_errors=True,
     )
 
     listen: ListenSettings = Field(default_factory=ListenSettings)
@@ -327,8 +351,11 @@ class Settings(BaseSettings):
     affinity: AffinitySettings = Field(default_factory=AffinitySettings)
     # The policy in force at start-up; PUT/PATCH /policy change it at run time.
     policy: Policy = Field(default_factory=Policy)
-    # Bearer token for policy writes; none configured means writes are refused.
+    # Bearer token for policy writes; none configured means writes are refused. A weak one
+    # (`weak_admin_token`) is refused at start-up unless allow_weak_admin_token is set
+    # (SPECROUTER_ALLOW_WEAK_ADMIN_TOKEN=1), for a demo on loopback only.
     admin_token: SecretStr | None = None
+    allow_weak_admin_token: bool = False
     # Policy write bodies are tiny: anything bigger is refused before parsing.
     admin_max_body_bytes: int = Field(default=64 * 1024, gt=0)
     # Shared state of router replicas: SPECROUTER_REDIS_URL, redis:// or rediss://,
@@ -354,6 +381,18 @@ class Settings(BaseSettings):
             raise ValueError(exc.errors(include_url=False, include_input=False)[0]["msg"]
                              .removeprefix("Value error, ")) from None
         return value
+
+    @model_validator(mode="after")
+    def _strong_admin_token(self) -> Settings:
+        if self.admin_token is None or self.allow_weak_admin_token:
+            return self
+        weakness = weak_admin_token(self.admin_token.get_secret_value())
+        if weakness:
+            raise ValueError(
+                f"admin_token: refused, the token is {weakness}; set a random one, e.g. "
+                "SPECROUTER_ADMIN_TOKEN=$(openssl rand -hex 32), or "
+                "SPECROUTER_ALLOW_WEAK_ADMIN_TOKEN=1 for a demo that nobody else can reach")
+        return self
 
     def state_settings(self) -> StateSettings:
         """The store's settings: the `state` section plus the top-level `redis_url`."""

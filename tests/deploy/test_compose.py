@@ -23,6 +23,8 @@ from specrouter.config import load_settings
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "deploy" / "compose"
 SCHEMA = json.loads(Path(__file__).with_name("compose-spec.json").read_text())
+#: An admin token the router accepts (random hex, like `openssl rand -hex 16`).
+ADMIN_TOKEN = "3f9a1c7e5b2d8e4f6a0c1b9d7e3a5f2c"
 _VAR = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
 
 
@@ -54,7 +56,7 @@ def interpolate(text: str, env: dict[str, str]) -> str:
 
 def compose_with_env() -> dict[str, Any]:
     # .env.example ships no admin token: the operator appends a random one (docs/deploy.md)
-    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": ADMIN_TOKEN,
            "GRAFANA_ADMIN_PASSWORD": "e" * 32, "REDIS_PASSWORD": "d" * 64}
     text = interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
     data: dict[str, Any] = yaml.safe_load(text)
@@ -84,7 +86,7 @@ def test_the_schema_catches_mistakes() -> None:
 @pytest.mark.parametrize("secret", ["SPECROUTER_ADMIN_TOKEN", "GRAFANA_ADMIN_PASSWORD",
                                     "REDIS_PASSWORD"])
 def test_a_missing_secret_is_an_error_not_an_empty_value(secret: str) -> None:
-    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": ADMIN_TOKEN,
            "GRAFANA_ADMIN_PASSWORD": "e" * 32, "REDIS_PASSWORD": "d" * 64}
     interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(), env)
     del env[secret]

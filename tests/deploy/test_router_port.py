@@ -13,6 +13,7 @@ import pytest
 
 from specrouter.commands.serve import add_arguments, overrides_from_args
 from specrouter.config import Settings, load_settings
+from tests.deploy.test_compose import ADMIN_TOKEN
 from tests.deploy.test_helm import one, render
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "Dockerfile"
@@ -45,7 +46,7 @@ def pod_settings(values: dict[str, Any], tmp_path: Path,
     mounted.write_text(config)
     env = dict(image_env())
     env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
-    env["SPECROUTER_ADMIN_TOKEN"] = "t" * 32  # from the Secret
+    env["SPECROUTER_ADMIN_TOKEN"] = ADMIN_TOKEN  # from the Secret
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     # Kubernetes' args replace the image's CMD; the ENTRYPOINT is `specrouter serve`.

@@ -11,15 +11,17 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 import yaml
+from pydantic import ValidationError
 
-from specrouter.config import Settings, load_settings
-from tests.deploy.test_compose import COMPOSE_DIR, env_example, interpolate
+from specrouter.config import ConfigError, Settings, load_settings, weak_admin_token
+from tests.deploy.test_compose import ADMIN_TOKEN, COMPOSE_DIR, env_example, interpolate
 from tests.deploy.test_helm import by_kind, one, render
 from tests.fixtures.procs import free_port, wait_until
 from tests.fixtures.redis import REDIS_SERVER
@@ -77,7 +79,7 @@ def test_backend_api_keys_go_to_a_secret_not_the_configmap(
     env = {e["name"]: e for e in router_container(docs)["env"]}
     ref = env["SPECROUTER_BACKENDS"]["valueFrom"]["secretKeyRef"]
     assert ref["name"] == "sr-specrouter-backends"
-    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", "x" * 32)
+    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
     settings = effective_settings(docs, tmp_path, monkeypatch)
     keys = {b.name: b.api_key.get_secret_value() if b.api_key else None for b in settings.backends}
     assert keys == {"e0": "sk-extra-backend-key-0001", "b0": None,
@@ -89,7 +91,7 @@ def test_backends_without_keys_stay_in_the_configmap(
     docs = render({})
     assert "SPECROUTER_BACKENDS" not in {e["name"] for e in router_container(docs)["env"]}
     assert not [s for s in by_kind(docs, "Secret") if s["metadata"]["name"].endswith("-backends")]
-    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", "x" * 32)
+    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
     names = [b.name for b in effective_settings(docs, tmp_path, monkeypatch).backends]
     assert names == ["gpu0-eagle", "gpu0-baseline"]
 
@@ -99,7 +101,7 @@ def test_external_redis_password_comes_from_a_secret(
     docs = render(EXTERNAL_WITH_PASSWORD)
     rendered = json.dumps([d for d in docs if d["kind"] != "Secret"])
     assert "hunter2-pw" not in rendered
-    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", "x" * 32)
+    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
     settings = effective_settings(docs, tmp_path, monkeypatch)
     assert settings.redis_url is not None
     assert settings.redis_url.get_secret_value() == "rediss://app:hunter2-pw@redis.infra:6380/1"
@@ -126,7 +128,7 @@ def test_bundled_redis_requires_the_generated_password(
     assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
     redis_env = resolved_env(docs, redis)
     assert redis_env["REDIS_PASSWORD"] == redis_env["REDISCLI_AUTH"] == password  # probe auth
-    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", "x" * 32)
+    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
     settings = effective_settings(docs, tmp_path, monkeypatch)
     assert settings.redis_url is not None
     assert settings.redis_url.get_secret_value() == (
@@ -191,7 +193,7 @@ def test_env_example_ships_no_redis_password() -> None:
     assert "REDIS_PASSWORD" not in env_example()
     with pytest.raises(ValueError, match="REDIS_PASSWORD"):
         interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(),
-                    {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+                    {**env_example(), "SPECROUTER_ADMIN_TOKEN": ADMIN_TOKEN,
                      "GRAFANA_ADMIN_PASSWORD": "e" * 32})
 
 
@@ -211,7 +213,7 @@ def test_compose_redis_needs_the_password_its_healthcheck_and_the_router_have(
     """The resolved redis service run here: its command and environment as compose passes
     them, the image's entrypoint and redis-cli replaced by stubs on a loopback port."""
     password = secrets.token_hex(32)
-    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": "f" * 64,
+    env = {**env_example(), "SPECROUTER_ADMIN_TOKEN": ADMIN_TOKEN,
            "GRAFANA_ADMIN_PASSWORD": "e" * 32, "REDIS_PASSWORD": password}
     services = yaml.safe_load(interpolate((COMPOSE_DIR / "docker-compose.yml").read_text(),
                                           env))["services"]
@@ -240,7 +242,7 @@ def test_compose_redis_needs_the_password_its_healthcheck_and_the_router_have(
         assert _sh(check, {**container_env, "REDISCLI_AUTH": "wrong"}) != 0
         url = services["router"]["environment"]["SPECROUTER_REDIS_URL"]
         monkeypatch.setenv("SPECROUTER_REDIS_URL", url.replace("@redis:6379", f"@127.0.0.1:{port}"))
-        monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", "f" * 64)
+        monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", ADMIN_TOKEN)
         settings = load_settings(COMPOSE_DIR / "specrouter.yaml", environ={})
         assert settings.redis_url is not None
         assert password not in repr(settings)
@@ -249,3 +251,51 @@ def test_compose_redis_needs_the_password_its_healthcheck_and_the_router_have(
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+BACKENDS = [{"name": "e", "url": "http://127.0.0.1:1", "pool": "eagle", "group": "g"},
+            {"name": "b", "url": "http://127.0.0.1:2", "pool": "baseline", "group": "g"}]
+WEAK_TOKENS = ["change-me", "short-token-15c", "", "x" * 32, "abab" * 8,
+               "CHANGE_ME-a1b2c3d4e5f6", "my-Password-7f3e9a2c"]
+
+
+@pytest.mark.parametrize("token", WEAK_TOKENS)
+def test_a_weak_admin_token_is_refused_without_quoting_it(
+        token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", token)
+    with pytest.raises(ConfigError, match="admin_token: refused") as refused:
+        load_settings(overrides={"backends": BACKENDS}, environ={})
+    assert "SPECROUTER_ALLOW_WEAK_ADMIN_TOKEN=1" in str(refused.value)
+    with pytest.raises(ValidationError) as raw:
+        Settings(backends=BACKENDS, admin_token=token)
+    for message in (str(refused.value), str(raw.value)):
+        assert not token or token not in message
+
+
+@pytest.mark.parametrize("token", WEAK_TOKENS)
+def test_the_insecure_flag_lets_a_demo_use_a_weak_token(
+        token: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECROUTER_ADMIN_TOKEN", token)
+    monkeypatch.setenv("SPECROUTER_ALLOW_WEAK_ADMIN_TOKEN", "1")
+    settings = load_settings(overrides={"backends": BACKENDS}, environ={})
+    assert settings.admin_token is not None
+    assert settings.admin_token.get_secret_value() == token
+
+
+def test_random_tokens_pass() -> None:
+    for token in (ADMIN_TOKEN, secrets.token_hex(8), secrets.token_urlsafe(32)):
+        assert weak_admin_token(token) is None
+        assert Settings(backends=BACKENDS, admin_token=token).admin_token is not None
+    assert Settings(backends=BACKENDS).admin_token is None  # no token: writes refused
+
+
+def test_serve_refuses_to_start_with_a_weak_token_and_does_not_print_it() -> None:
+    argv = [sys.executable, "-m", "specrouter", "serve", "--port", "0"]
+    for b in BACKENDS:
+        argv += ["--backend", ",".join(f"{k}={v}" for k, v in b.items())]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECROUTER_")}
+    done = subprocess.run(argv, env={**env, "SPECROUTER_ADMIN_TOKEN": "weak-tok-9"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "admin_token: refused, the token is shorter than 16 characters" in done.stderr
+    assert "weak-tok-9" not in done.stdout + done.stderr

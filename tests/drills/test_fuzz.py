@@ -64,7 +64,7 @@ def fuzzed() -> Iterator[RoutedGroup]:
     try:
         sim, eagle, baseline = start_sim_group(started, time_scale=0.02)
         proc = start_router(started, group_backends(eagle, baseline),
-                            env={"SPECROUTER_ADMIN_TOKEN": "fuzz-token"})
+                            env={"SPECROUTER_ADMIN_TOKEN": "fuzz-admin-token-41d7"})
         yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
     finally:
         for p in reversed(started):
