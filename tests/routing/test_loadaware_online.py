@@ -63,10 +63,11 @@ def test_eagle_windows_teach_the_router_and_sustained_load_moves_the_group() -> 
     # the learned EAGLE-3 line, and the baseline's through the transfer, put the
     # crossover near seed-coding's (1.7)
     assert live["learned"]["crossover"] < 2.5 < live["sustained_load"]
-    # at a sustained 2.6 the baseline's lead is within the margin: the group stays
-    assert router.choose(CHAT).reason == "online_hold_eagle"
+    # at a sustained 2.6 the baseline leads, but a switch now would drain the three
+    # requests held on EAGLE-3 next to the baseline's: the group waits for an idle EAGLE-3
+    assert router.choose(CHAT).reason == "online_drain_eagle"
     for _ in range(2):
         router.acquire(router.choose(CHAT))
-    clock.now += 10.0  # five requests held: the lead grows past the margin
+    clock.now += 10.0  # five requests held: waiting for EAGLE-3 to idle costs more
     t = router.choose(CHAT)
     assert (t.pool, t.reason) == ("baseline", "online_baseline")

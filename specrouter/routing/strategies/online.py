@@ -16,11 +16,22 @@ moves at once: the baseline ahead at the instantaneous load by `online_burst_mar
 (the prediction counts the requests beyond EAGLE-3's batch cap as queued, so a load past
 the cap moves only when the baseline serves it better).
 
+A switch has a transition cost: the requests left on the old pool drain next to the new
+pool's, and while both engines of the shared GPU have work every round costs both
+engines' steps (`sim/gpu.py`), so for about one request's duration every new request
+runs (old step at the held load + new step) / new step slower, times the learned mixing
+ratio (`drain_cost`). Waiting instead until a decision finds the old pool idle costs the
+gain on every arrival of the busy period: (e^S - 1) / S request durations at a sustained
+load S (`wait_cost`). A switch waits (`online_drain_*`) while the drain costs more; at
+light load the old pool is idle every few arrivals, past a sustained load of ~4 the wait
+grows as e^S and the switch goes at once.
+
 Without a cost model it decides as `threshold` (reason `online_no_model`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from specrouter.backends import Pool, other_pool
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.decision import Decision
+from specrouter.routing.online import LearnedCostModel
 from specrouter.routing.strategies.base import PolicyParams, Situation
 from specrouter.routing.strategies.threshold import Threshold
 
@@ -46,6 +58,9 @@ class OnlineParams(BaseModel):
     online_burst_margin: float = Field(default=0.25, ge=0, lt=1)
     # a switch back to EAGLE-3 comes at least this long after the group's last switch
     online_min_dwell_s: float = Field(default=2.0, ge=0)
+    # weight of a switch's transition cost (the drain next to the other pool) against
+    # the wait for the current pool to idle; 0: switches never wait
+    online_transition_cost: float = Field(default=1.0, ge=0)
 
 
 def gain(model: GroupCostModel, pool: Pool, load: float, accept: float) -> float:
@@ -68,11 +83,38 @@ def gain(model: GroupCostModel, pool: Pool, load: float, accept: float) -> float
     return 1.0 - there.tpot_ms / here.tpot_ms
 
 
+def in_flight(at: Situation, pool: Pool, policy: PolicyParams) -> float:
+    """The group's load on `pool`'s servers under the policy's signal."""
+    return sum(b.load(policy.load_signal) for b in at.group.servers(pool))
+
+
+def drain_cost(model: GroupCostModel, pool: Pool, held: float) -> float:
+    """What a switch away from `pool` now costs, in request durations of the other pool:
+    while the `held` requests drain (about one request's duration), every round of the
+    other pool also waits for a step of `pool` at `held`, times the learned mixing ratio
+    (1 until measured). 0 when `pool` holds nothing."""
+    if held <= 0:
+        return 0.0
+    mixing = (model.mixing_ratio or 1.0) if isinstance(model, LearnedCostModel) else 1.0
+    here = model.eagle if pool == "eagle" else model.baseline
+    there = model.baseline if pool == "eagle" else model.eagle
+    return mixing * here.ms(held) / there.ms(1.0)
+
+
+def wait_cost(gain_share: float, sustained: float) -> float:
+    """What waiting for `pool` to idle costs, in request durations: the expected busy
+    period of a Poisson load of `sustained` requests in flight, (e^S - 1) / lambda, is
+    (e^S - 1) / S request durations, each arrival meanwhile paying `gain_share` more."""
+    s = max(sustained, 1e-6)
+    return gain_share * math.expm1(min(s, 50.0)) / s
+
+
 class Online:
     name = "online"
     params = OnlineParams
     reasons = ("online_eagle", "online_baseline", "online_hold_eagle", "online_hold_baseline",
-               "online_dwell_baseline", "online_burst", "online_no_model")
+               "online_dwell_baseline", "online_drain_eagle", "online_drain_baseline",
+               "online_burst", "online_no_model")
     recalls = True
     uses_cost_model = True
 
@@ -95,7 +137,7 @@ class Online:
             return Decision("baseline", "online_burst",
                                 state.switched("baseline", at.now), at.load, preds)
         sustained = at.load if at.sustained is None else at.sustained
-        g = gain(model, current, max(1.0, sustained), accept)
+        g = gain(model, current, sustained + 1.0, accept)
         if g <= 0:
             return Decision(current, f"online_{current}", state, at.load, preds)
         if g <= p.online_margin:
@@ -103,4 +145,7 @@ class Online:
         best = other_pool(current)
         if best == "eagle" and at.now - state.since < p.online_min_dwell_s:
             return Decision(current, f"online_dwell_{current}", state, at.load, preds)
+        held = in_flight(at, current, policy)
+        if p.online_transition_cost * drain_cost(model, current, held) > wait_cost(g, sustained):
+            return Decision(current, f"online_drain_{current}", state, at.load, preds)
         return Decision(best, f"online_{best}", state.switched(best, at.now), at.load, preds)

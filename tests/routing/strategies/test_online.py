@@ -10,19 +10,21 @@ from specrouter.routing.costmodel import GroupCostModel, PolyCurve
 from specrouter.routing.decision import GroupState, Hints
 from specrouter.routing.policy import Policy
 from specrouter.routing.pool_choice import decide
-from specrouter.routing.strategies.online import gain
+from specrouter.routing.strategies.online import drain_cost, gain, wait_cost
 from tests.routing.helpers import group
 
 # seed-coding-like lines (crossover 2.7 at accept 2.0) and H200-like (crossover ~44 at 2.5)
 SEED = GroupCostModel(PolyCurve(20.0, 0.87), PolyCurve(33.0, 4.33), 2.0, 256, 48)
 H200 = GroupCostModel(PolyCurve(5.1, 0.066), PolyCurve(6.5, 0.33), 2.5, 256, 48)
+# a long-prompt workload where the baseline leads at every load (seed-coding at ctx 1200)
+LONG = GroupCostModel(PolyCurve(20.0, 0.87), PolyCurve(45.0, 4.33), 2.0, 256, 48)
 POLICY = Policy(strategy="online")
 
 
 def pick(model: GroupCostModel, load: int, sustained: float | None, pool: str = "eagle",
-         now: float = 100.0, since: float = 0.0) -> tuple[str, str]:
-    g = replace(group(eagle=load if pool == "eagle" else 0,
-                      base=load if pool == "baseline" else 0), sustained=sustained)
+         now: float = 100.0, since: float = 0.0, other: int = 0) -> tuple[str, str]:
+    g = replace(group(eagle=load if pool == "eagle" else other,
+                      base=load if pool == "baseline" else other), sustained=sustained)
     state = GroupState(pool, since)  # type: ignore[arg-type]
     d = decide(POLICY, g, state, Hints(), now, model)
     return d.pool, d.reason
@@ -67,3 +69,28 @@ def test_without_a_model_it_decides_as_threshold() -> None:
 def test_h200_stays_on_eagle_below_its_crossover(sustained: float) -> None:
     pool, _ = pick(H200, 0, sustained)
     assert pool == ("eagle" if sustained < 40 else "baseline")
+
+
+def test_a_light_load_switch_waits_until_the_current_pool_is_idle() -> None:
+    assert 0 < gain(LONG, "eagle", 1.0, 2.0) < 0.25  # not a burst
+    # one request still decoding on EAGLE-3: switching now would drain it next to the
+    # baseline's, both engines' steps in every round
+    assert pick(LONG, 1, 1.0) == ("eagle", "online_drain_eagle")
+    # EAGLE-3 idle (the baseline's own requests do not hold it back): the group moves
+    assert pick(LONG, 0, 1.0, other=1) == ("baseline", "online_baseline")
+    # the same back to EAGLE-3 after the dwell
+    assert pick(SEED, 1, 0.5, pool="baseline", now=10.0) == ("baseline", "online_drain_baseline")
+    # at a sustained 6 the wait for an idle EAGLE-3 (e^6 / 6 request durations) costs
+    # more than a drain: the group moves at once
+    assert pick(LONG, 1, 6.0) == ("baseline", "online_baseline")
+    # the drain's price scales with the steps of the requests held
+    assert drain_cost(LONG, "eagle", 4) > drain_cost(LONG, "eagle", 1) > 0 == drain_cost(
+        LONG, "eagle", 0)
+    assert wait_cost(0.2, 6.0) > 10 * wait_cost(0.2, 1.0)
+
+
+def test_the_transition_cost_can_be_switched_off() -> None:
+    policy = Policy(strategy="online", online_transition_cost=0.0)
+    g = replace(group(eagle=1), sustained=1.0)
+    d = decide(policy, g, GroupState("eagle", 0.0), Hints(), 100.0, LONG)
+    assert (d.pool, d.reason) == ("baseline", "online_baseline")
