@@ -263,8 +263,10 @@ class AffinitySettings(_Section):
     `eagle_saving_ms_per_token`). A group holding less than `min_match` of a prompt is
     priced as holding none of it. A client names a conversation with the `x-session-id`
     header; with `session_home` (for several router replicas) a session is placed in the
-    group its key hashes to, so that every replica agrees. `bytes_per_token` converts
-    body bytes into tokens.
+    group its key hashes to, so that every replica agrees. A session seen within
+    `session_live_s` counts against its server's cache: a new prefix that would push
+    live sessions out of a full cache is priced as their re-prefill. `bytes_per_token`
+    converts body bytes into tokens.
     """
 
     enabled: bool = True
@@ -273,6 +275,7 @@ class AffinitySettings(_Section):
     cache_tokens: int = Field(default=400_000, ge=1)
     cache_tokens_by_backend: dict[str, int] = Field(default_factory=dict)
     max_sessions: int = Field(default=100_000, ge=1)
+    session_live_s: float = Field(default=30.0, gt=0, le=3600)
     prefill_ms_per_token: float = Field(default=0.021, ge=0, le=100)
     load_ms: float = Field(default=50.0, ge=0)
     balance_abs: float = Field(default=8.0, ge=0)

@@ -70,6 +70,9 @@ ROUTER_AFFINITY_ENV: dict[str, dict[str, str]] = {
     "router": {"SPECROUTER_AFFINITY__ENABLED": "true"},
 }
 SESSION_HEADER = "x-session-id"
+# A session's think time is at most 15 simulated s and a turn under load takes seconds:
+# one not seen for 20 s has most likely ended.
+SESSION_LIVE_S = 20.0
 # Simulator flags every engine gets when this simulator has them.
 SIM_FLAGS = ("--enable-cache-report",)
 ADAPTIVE_KIND = "adaptive"
@@ -211,13 +214,17 @@ def _engine_counters(urls: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def affinity_env(groups: Sequence[SimGroup], profile: str) -> dict[str, str]:
-    """The affinity index sized like each engine's KV pool, prefill priced by the profile."""
+def affinity_env(groups: Sequence[SimGroup], profile: str, scale: float = 1.0
+                 ) -> dict[str, str]:
+    """The affinity index sized like each engine's KV pool, prefill priced by the profile,
+    a session live for SESSION_LIVE_S simulated seconds after its last turn (the router's
+    clock is real: times the time scale)."""
     caches = {b["name"]: int(sim_state(b["url"])["kv_capacity_tokens"])
               for g in groups for b in g.backends()}
     prefill = load_profile(profile).prefill_per_token_ms
     return {"SPECROUTER_AFFINITY__CACHE_TOKENS_BY_BACKEND": json.dumps(caches),
-            "SPECROUTER_AFFINITY__PREFILL_MS_PER_TOKEN": repr(prefill)}
+            "SPECROUTER_AFFINITY__PREFILL_MS_PER_TOKEN": repr(prefill),
+            "SPECROUTER_AFFINITY__SESSION_LIVE_S": repr(SESSION_LIVE_S * scale)}
 
 
 def _sim_args(options: str) -> list[str]:
@@ -270,7 +277,7 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
                 targets = [getattr(g, f"{config}_url") for g in groups]
             elif config.startswith("router"):
                 env = {**router_env({}, "router-goodput", scale, profile),
-                       **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile)}
+                       **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile, scale)}
                 router = stack.router([b for g in groups for b in g.backends()], env=env)
                 pids["router"] = router.child.pid
                 targets = [router.url]

@@ -231,8 +231,8 @@ class LoadAwareRouter:
         decision = decide(policy, group, self._states[group.name], self._hints(policy, request),
                           now, self._cost_models.get(group.name))
         held = lookup.held if lookup is not None else {}
-        if held and decision.reason in STRATEGIES[policy.strategy].reasons:
-            decision = hold_pool(decision, group, held, self._prices)
+        if lookup is not None and decision.reason in STRATEGIES[policy.strategy].reasons:
+            decision = hold_pool(decision, group, lookup, self._prices)
         recalls = self._recall_unstarted and decision.recalls
         if (recalls and self._states[group.name].pool == "eagle"
                 and decision.state.pool == "baseline"):

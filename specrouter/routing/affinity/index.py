@@ -68,24 +68,53 @@ class PrefixIndex:
 
 
 class SessionTable:
-    """Session key -> (the backend its last request went to, that prompt's tokens), at
-    most `capacity` sessions, least recently seen dropped first."""
+    """Session key -> (the backend its last request went to, that prompt's tokens, when),
+    at most `capacity` sessions, least recently seen dropped first; and per backend the
+    live footprint: the tokens of the sessions whose last request went there within the
+    last `live_s` seconds (their prefixes are what the server's cache must keep)."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, live_s: float = 30.0) -> None:
         self.capacity = capacity
-        self._sessions: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.live_s = live_s
+        self._sessions: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
+        self._live: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
+        self._footprint: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     def get(self, session: str) -> tuple[str, float] | None:
-        return self._sessions.get(session)
+        seen = self._sessions.get(session)
+        return None if seen is None else (seen[0], seen[1])
 
-    def put(self, session: str, backend: str, tokens: float) -> None:
-        self._sessions[session] = (backend, tokens)
+    def put(self, session: str, backend: str, tokens: float, now: float = 0.0) -> None:
+        self._drop_live(session)
+        entry = (backend, tokens, now)
+        self._sessions[session] = entry
         self._sessions.move_to_end(session)
+        self._live[session] = entry
+        self._footprint[backend] = self._footprint.get(backend, 0.0) + tokens
         while len(self._sessions) > self.capacity:
-            self._sessions.popitem(last=False)
+            gone, _ = self._sessions.popitem(last=False)
+            self._drop_live(gone)
+
+    def footprint(self, now: float, without: str | None = None) -> dict[str, float]:
+        """Per backend the tokens of its live sessions, less session `without`'s own."""
+        while self._live:
+            oldest = next(iter(self._live))
+            if now - self._live[oldest][2] <= self.live_s:
+                break
+            self._drop_live(oldest)
+        out = dict(self._footprint)
+        own = self._live.get(without) if without is not None else None
+        if own is not None:
+            out[own[0]] -= own[1]
+        return out
+
+    def _drop_live(self, session: str) -> None:
+        entry = self._live.pop(session, None)
+        if entry is not None:
+            self._footprint[entry[0]] -= entry[1]
 
 
 def matched_tokens(index: PrefixIndex, prefix: PrefixKeys) -> float:

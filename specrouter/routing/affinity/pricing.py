@@ -15,28 +15,44 @@ the request `load_ms` for each request already there (its decode steps are share
   placement is a load decision, not a cache one (the gateway's `cache_threshold`). A
   group whose load passes `balance_rel * least + balance_abs` is priced as holding
   nothing too: affinity never piles sessions onto a group far busier than the idlest.
-- Pool choice: when the strategy sends a request to EAGLE-3 but the group's baseline
-  server holds more of its prefix, the switch re-prefills the difference on the shared
-  GPU. The request stays on the baseline (`affinity_hold_baseline`) when that costs more
-  than what EAGLE-3 saves on its answer: `expected_output_tokens` times the per-token
-  saving (the cost model's predicted per-token times where there is one, else
-  `eagle_saving_ms_per_token`). A decision for the baseline is always followed: it is
-  the strategy's answer to load, which moves the whole group, and one request kept on
-  EAGLE-3 slows every request of that server's batch, which this price does not count.
+- Pool choice: a request whose prefix is on the other server of its group than the one
+  the strategy picked re-prefills the difference on the shared GPU if it moves. When
+  the strategy sends it to EAGLE-3 and the baseline holds more, it stays on the baseline
+  (`affinity_hold_baseline`) when that prefill costs more than what EAGLE-3 saves on its
+  answer. When the strategy sends it to the baseline (its answer to sustained load) and
+  the client's session last went to this group's EAGLE-3 server, which holds more of it,
+  it stays on EAGLE-3 (`affinity_hold_eagle`) when that prefill costs more than what the
+  baseline saves on its answer. The saving is `expected_output_tokens` times the
+  per-token difference: the cost model's predicted per-token times where there are
+  some, else `eagle_saving_ms_per_token`. The EAGLE-3 hold needs the session key: a
+  request that only shares a prefix with others (a common system prompt) follows the
+  strategy, so one prefill teaches the baseline the prefix instead of every such request
+  staying on EAGLE-3 under load. For a request with a session key the prefill of a
+  server also counts the live sessions' prefixes a new prompt pushes out of a full
+  cache (`placement_tokens`): a new session goes to the group's other server
+  (`affinity_room_<pool>`) when the strategy's server has no room for it and that
+  re-prefill costs more than the strategy's pool saves. Otherwise new sessions follow
+  the strategy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from specrouter.backends import Pool
 from specrouter.observe.loadview import GroupView
 from specrouter.routing.costmodel import PoolPrediction
 from specrouter.routing.decision import Decision
 
+if TYPE_CHECKING:
+    from specrouter.routing.affinity.tracker import Lookup
+
 #: The reasons the affinity override gives (part of pool_choice.REASONS).
-AFFINITY_REASONS: tuple[str, ...] = ("affinity_hold_baseline",)
+AFFINITY_REASONS: tuple[str, ...] = (
+    "affinity_hold_baseline", "affinity_hold_eagle", "affinity_room_baseline",
+    "affinity_room_eagle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,28 +93,67 @@ def switch_cost_ms(extra_tokens: float, load: float, prices: AffinityPrices) -> 
 def eagle_saving_ms(predictions: Mapping[Pool, PoolPrediction] | None,
                     prices: AffinityPrices) -> float:
     """What EAGLE-3 saves on one answer against the baseline."""
+    return pool_saving_ms("eagle", predictions, prices)
+
+
+def pool_saving_ms(pool: Pool, predictions: Mapping[Pool, PoolPrediction] | None,
+                   prices: AffinityPrices) -> float:
+    """What `pool` saves on one answer against the other pool: the predicted per-token
+    difference where there are predictions, else `eagle_saving_ms_per_token`."""
     if predictions is not None and "eagle" in predictions and "baseline" in predictions:
-        per_token = predictions["baseline"].tpot_ms - predictions["eagle"].tpot_ms
+        other: Pool = "baseline" if pool == "eagle" else "eagle"
+        per_token = predictions[other].tpot_ms - predictions[pool].tpot_ms
     else:
         per_token = prices.eagle_saving_ms_per_token
     return max(0.0, per_token) * prices.expected_output_tokens
 
 
-def hold_pool(decision: Decision, group: GroupView, held: Mapping[str, float],
+def _most_held(group: GroupView, pool: Pool, held: Mapping[str, float]) -> tuple[str, float]:
+    """The healthy server of `pool` in `group` holding most of the prompt, and how much."""
+    return max(((b.name, held.get(b.name, 0.0)) for b in group.healthy_servers(pool)),
+               key=lambda nh: nh[1], default=("", 0.0))
+
+
+def placement_tokens(prompt: float, held: float, footprint: Mapping[str, float] | None,
+                     caches: Mapping[str, float] | None, server: str) -> float:
+    """Tokens a request makes some server prefill if it goes to `server`: its own prompt
+    less what `server` holds, plus what that pushes out of a full cache of other live
+    sessions' prefixes (they come back as prefills of their next turns)."""
+    uncached = max(0.0, prompt - held)
+    if footprint is None or caches is None or server not in caches:
+        return uncached
+    overflow = footprint.get(server, 0.0) + prompt - caches[server]
+    return uncached + max(0.0, min(uncached, overflow))
+
+
+def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
               prices: AffinityPrices) -> Decision:
-    """`decision` (a strategy's choice for a request in `group`), or the baseline with
-    `affinity_hold_baseline` when the request's prefix is on the group's baseline server
-    and moving it to EAGLE-3 costs more prefill than EAGLE-3 saves on the answer; `held`
-    maps backend names to the prompt tokens each holds. A decision for the baseline is
-    returned as it is."""
-    if decision.pool != "eagle":
+    """`decision` (a strategy's choice for a request in `group`), or the other pool when
+    going where the strategy says makes the shared GPU prefill more (the request's
+    uncached prompt, and the live sessions' prefixes it pushes out of a full cache:
+    `placement_tokens`) by more than the strategy's pool saves on the answer.
+
+    Any request may stay on the baseline for its prefix (`affinity_hold_baseline`).
+    EAGLE-3 is kept only for a session whose last request went to the server that holds
+    it (`affinity_hold_eagle`); a request sharing a prefix with others follows the
+    strategy, so one prefill teaches the baseline the prefix. Cache room counts only for
+    requests with a session key (`affinity_room_<pool>`: the other server has room for
+    a new session's prefix where the strategy's has not)."""
+    want = decision.pool
+    other: Pool = "baseline" if want == "eagle" else "eagle"
+    w_server, on_want = _most_held(group, want, lookup.held)
+    o_server, on_other = _most_held(group, other, lookup.held)
+    if not (w_server and o_server):
         return decision
-    on_eagle = max((held.get(b.name, 0.0) for b in group.healthy_servers("eagle")), default=0.0)
-    on_base = max((held.get(b.name, 0.0) for b in group.healthy_servers("baseline")),
-                  default=0.0)
-    if on_base <= on_eagle:
+    holds = on_other > on_want
+    if other == "eagle" and holds and lookup.session_backend != o_server:
         return decision
-    saving = eagle_saving_ms(decision.predictions, prices)
-    if switch_cost_ms(on_base - on_eagle, decision.load, prices) <= saving:
+    prompt = max(lookup.prompt_tokens, on_want, on_other)
+    extra = (placement_tokens(prompt, on_want, lookup.footprint, lookup.cache_tokens, w_server)
+             - placement_tokens(prompt, on_other, lookup.footprint, lookup.cache_tokens,
+                                o_server))
+    saving = pool_saving_ms(want, decision.predictions, prices)
+    if switch_cost_ms(extra, decision.load, prices) <= saving:
         return decision
-    return replace(decision, pool="baseline", reason="affinity_hold_baseline", recalls=False)
+    reason = f"affinity_hold_{other}" if holds else f"affinity_room_{other}"
+    return replace(decision, pool=other, reason=reason, recalls=False)

@@ -11,7 +11,8 @@ costs at most one miss per session before it learns it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +25,16 @@ from specrouter.routing.affinity.pricing import AffinityPrices, GroupAffinity
 
 @dataclass(frozen=True, slots=True)
 class Lookup:
-    """One request's affinity: per backend the prompt tokens it is believed to hold."""
+    """One request's affinity: per backend the prompt tokens it is believed to hold, and
+    the backend the client's session last went to (None without a known session)."""
 
     held: Mapping[str, float]
     prompt_tokens: float
+    session_backend: str | None = None
+    # with a session key: per backend the tokens of the other live sessions there, and
+    # its cache in tokens (what `pricing.hold_pool` weighs a new prefix against)
+    footprint: Mapping[str, float] | None = None
+    cache_tokens: Mapping[str, float] | None = None
 
     @property
     def any(self) -> bool:
@@ -39,14 +46,16 @@ class AffinityTracker:
 
     def __init__(self, backends: Iterable[str], capacity_tokens: Mapping[str, int],
                  block_tokens: float, max_sessions: int,
-                 configured: Iterable[str] = ()) -> None:
+                 configured: Iterable[str] = (), live_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._block_tokens = block_tokens
         self._indexes = {
             b: PrefixIndex(max(1, int(capacity_tokens[b] / block_tokens))) for b in backends}
         # backends whose bound the operator set: telemetry does not change it
         self._configured = frozenset(configured)
         self._reported: dict[str, int] = {}
-        self._sessions = SessionTable(max_sessions)
+        self._sessions = SessionTable(max_sessions, live_s)
+        self._clock = clock
         self.hits = 0
         self.misses = 0
         self.held_tokens = 0.0
@@ -72,6 +81,7 @@ class AffinityTracker:
                 if n:
                     held[name] = prefix.tokens(n)
         prompt = prefix.prompt_tokens if prefix is not None else 0.0
+        last = None
         if session is not None:
             seen = self._sessions.get(session)
             if seen is not None and seen[0] in self._indexes:
@@ -79,7 +89,12 @@ class AffinityTracker:
                 credit = min(tokens, prompt) if prefix is not None else tokens
                 held[backend] = max(held.get(backend, 0.0), credit)
                 prompt = max(prompt, credit)
-        return Lookup(held, prompt)
+                last = backend
+        if session is None:
+            return Lookup(held, prompt)
+        footprint = self._sessions.footprint(self._clock(), session)
+        caches = {b: i.capacity * self._block_tokens for b, i in self._indexes.items()}
+        return Lookup(held, prompt, last, footprint, caches)
 
     def record(self, prefix: PrefixKeys | None, session: str | None, backend: str,
                lookup: Lookup | None, count: bool = True) -> bool:
@@ -94,7 +109,7 @@ class AffinityTracker:
         held = lookup.held.get(backend, 0.0) if lookup is not None else 0.0
         prompt = lookup.prompt_tokens if lookup is not None else 0.0
         if session is not None:
-            self._sessions.put(session, backend, prompt)
+            self._sessions.put(session, backend, prompt, self._clock())
         hit = held > 0
         if not count:
             return hit
@@ -156,4 +171,5 @@ def prices_of(settings: AffinitySettings) -> AffinityPrices:
 def tracker_of(settings: AffinitySettings, backends: Sequence[str]) -> AffinityTracker:
     caps = {b: settings.cache_tokens_by_backend.get(b, settings.cache_tokens) for b in backends}
     return AffinityTracker(backends, caps, settings.block_bytes / settings.bytes_per_token,
-                           settings.max_sessions, settings.cache_tokens_by_backend)
+                           settings.max_sessions, settings.cache_tokens_by_backend,
+                           settings.session_live_s)
