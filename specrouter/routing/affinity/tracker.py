@@ -168,8 +168,9 @@ def prices_of(settings: AffinitySettings) -> AffinityPrices:
         eagle_saving_ms_per_token=settings.eagle_saving_ms_per_token)
 
 
-def tracker_of(settings: AffinitySettings, backends: Sequence[str]) -> AffinityTracker:
+def tracker_of(settings: AffinitySettings, backends: Sequence[str],
+               clock: Callable[[], float] = time.monotonic) -> AffinityTracker:
     caps = {b: settings.cache_tokens_by_backend.get(b, settings.cache_tokens) for b in backends}
     return AffinityTracker(backends, caps, settings.block_bytes / settings.bytes_per_token,
                            settings.max_sessions, settings.cache_tokens_by_backend,
-                           settings.session_live_s)
+                           settings.session_live_s, clock)

@@ -57,3 +57,24 @@ def test_session_table_keeps_the_most_recent_sessions() -> None:
     assert table.get("b") is None
     assert table.get("a") == ("b2", 300.0)
     assert len(table) == 2
+
+
+def test_a_sessions_footprint_counts_on_its_last_backend_while_it_is_live() -> None:
+    table = SessionTable(10, live_s=5.0)
+    table.put("a", "b0", 100.0, now=0.0)
+    table.put("b", "b0", 50.0, now=1.0)
+    table.put("c", "b1", 70.0, now=2.0)
+    assert table.footprint(2.0) == {"b0": 150.0, "b1": 70.0}
+    assert table.footprint(2.0, without="a") == {"b0": 50.0, "b1": 70.0}
+    table.put("a", "b1", 120.0, now=3.0)  # the session moved and grew
+    assert table.footprint(3.0) == {"b0": 50.0, "b1": 190.0}
+    # "b" was last seen at 1.0: not live past 6.0; the table still knows it
+    assert table.footprint(6.5) == {"b0": 0.0, "b1": 190.0}
+    assert table.get("b") == ("b0", 50.0)
+
+
+def test_a_dropped_session_leaves_the_footprint() -> None:
+    table = SessionTable(1, live_s=60.0)
+    table.put("a", "b0", 100.0)
+    table.put("b", "b0", 10.0)
+    assert table.footprint(0.0) == {"b0": 10.0}

@@ -8,8 +8,11 @@ from specrouter.routing.affinity.pricing import (
     GroupAffinity,
     eagle_saving_ms,
     hold_pool,
+    placement_tokens,
+    pool_saving_ms,
     switch_cost_ms,
 )
+from specrouter.routing.affinity.tracker import Lookup
 from specrouter.routing.costmodel import PoolPrediction
 from specrouter.routing.decision import Decision, GroupState
 from tests.routing.helpers import group
@@ -44,32 +47,79 @@ def decision(pool: str, load: float = 3.0,
                     predictions, recalls=True)  # type: ignore[arg-type]
 
 
+def look(held: dict[str, float], prompt: float = 0.0, session_backend: str | None = None,
+         footprint: dict[str, float] | None = None,
+         caches: dict[str, float] | None = None) -> Lookup:
+    return Lookup(held, max([prompt, *held.values()]), session_backend, footprint, caches)
+
+
 def test_a_session_on_the_baseline_stays_when_moving_costs_more_than_eagle_saves() -> None:
     g = group("g0")
     held = {"g0-base": 30_000.0, "g0-eagle": 2_000.0}
-    out = hold_pool(decision("eagle"), g, held, PRICES)
+    out = hold_pool(decision("eagle"), g, look(held), PRICES)
     # 28k tokens x 0.02 ms x (1 + 3) = 2240 ms against 256 x 2 ms = 512 ms
     assert (out.pool, out.reason, out.recalls) == ("baseline", "affinity_hold_baseline", False)
     assert out.state == GroupState("eagle")  # the group's own state is the strategy's
 
 
 def test_a_short_difference_moves_to_eagle() -> None:
-    out = hold_pool(decision("eagle"), group("g0"), {"g0-base": 5_000.0}, PRICES)
+    out = hold_pool(decision("eagle"), group("g0"), look({"g0-base": 5_000.0}), PRICES)
     assert (out.pool, out.reason) == ("eagle", "strategy_eagle")
 
 
-def test_a_baseline_decision_is_always_followed() -> None:
-    out = hold_pool(decision("baseline"), group("g0"), {"g0-eagle": 90_000.0}, PRICES)
+def test_a_baseline_decision_is_followed_without_the_session() -> None:
+    # a prefix shared with other requests (no session key, or the session was elsewhere)
+    out = hold_pool(decision("baseline"), group("g0"), look({"g0-eagle": 90_000.0}), PRICES)
     assert (out.pool, out.reason) == ("baseline", "strategy_baseline")
+    out = hold_pool(decision("baseline"), group("g0"),
+                    look({"g0-eagle": 90_000.0}, session_backend="g1-eagle"), PRICES)
+    assert (out.pool, out.reason) == ("baseline", "strategy_baseline")
+
+
+def test_a_session_on_eagle_stays_when_moving_costs_more_than_the_baseline_saves() -> None:
+    # 28k tokens x 0.02 ms x (1 + 3) = 2240 ms against 256 x (10 - 9) ms = 256 ms
     light = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 9.0)}
     out = hold_pool(decision("baseline", predictions=light), group("g0"),
-                    {"g0-eagle": 90_000.0}, PRICES)
+                    look({"g0-eagle": 30_000.0, "g0-base": 2_000.0},
+                         session_backend="g0-eagle"), PRICES)
+    assert (out.pool, out.reason, out.recalls) == ("eagle", "affinity_hold_eagle", False)
+    assert out.state == GroupState("baseline")
+    # the baseline saving 20 ms per token (5120 ms) pays for the move
+    heavy = {"eagle": pred("eagle", 29.0), "baseline": pred("baseline", 9.0)}
+    out = hold_pool(decision("baseline", predictions=heavy), group("g0"),
+                    look({"g0-eagle": 30_000.0, "g0-base": 2_000.0},
+                         session_backend="g0-eagle"), PRICES)
     assert (out.pool, out.reason) == ("baseline", "strategy_baseline")
+    assert pool_saving_ms("baseline", heavy, PRICES) == 20.0 * 256  # type: ignore[arg-type]
+
+
+def test_a_new_session_goes_where_the_cache_has_room() -> None:
+    # the baseline's cache is full of live sessions, EAGLE-3's is not: 20k tokens pushed
+    # out come back as prefills, 20k x 0.02 x 4 = 1600 ms against 512 ms saved
+    full = look({}, prompt=20_000.0, footprint={"g0-base": 100_000.0, "g0-eagle": 10_000.0},
+                caches={"g0-base": 100_000.0, "g0-eagle": 100_000.0})
+    out = hold_pool(decision("baseline"), group("g0"), full, PRICES)
+    assert (out.pool, out.reason) == ("eagle", "affinity_room_eagle")
+    roomy = look({}, prompt=20_000.0, footprint={"g0-base": 10_000.0, "g0-eagle": 10_000.0},
+                 caches={"g0-base": 100_000.0, "g0-eagle": 100_000.0})
+    assert hold_pool(decision("baseline"), group("g0"), roomy, PRICES).pool == "baseline"
+    # without a session key (no footprint) the cache's room is not counted
+    assert hold_pool(decision("baseline"), group("g0"), look({}, prompt=20_000.0),
+                     PRICES).pool == "baseline"
+
+
+def test_placement_counts_what_a_prompt_pushes_out_of_a_full_cache() -> None:
+    caches = {"s": 100.0}
+    assert placement_tokens(50.0, 0.0, {"s": 30.0}, caches, "s") == 50.0
+    assert placement_tokens(50.0, 0.0, {"s": 80.0}, caches, "s") == 50.0 + 30.0
+    # never more than its own uncached tokens: the rest were pushed out already
+    assert placement_tokens(50.0, 10.0, {"s": 500.0}, caches, "s") == 40.0 + 40.0
+    assert placement_tokens(50.0, 10.0, None, None, "s") == 40.0
 
 
 def test_an_unhealthy_baseline_holds_nothing() -> None:
-    out = hold_pool(decision("eagle"), group("g0", base_ok=False), {"g0-base": 30_000.0},
-                    PRICES)
+    out = hold_pool(decision("eagle"), group("g0", base_ok=False),
+                    look({"g0-base": 30_000.0}), PRICES)
     assert out.pool == "eagle"
 
 
@@ -82,7 +132,7 @@ def test_the_cost_models_saving_replaces_the_setting() -> None:
     assert eagle_saving_ms(preds, PRICES) == 36.0 * 256  # type: ignore[arg-type]
     # 2240 ms of prefill against 9216 ms saved: EAGLE-3 is worth the move
     out = hold_pool(decision("eagle", predictions=preds), group("g0"),
-                    {"g0-base": 30_000.0, "g0-eagle": 2_000.0}, PRICES)
+                    look({"g0-base": 30_000.0, "g0-eagle": 2_000.0}), PRICES)
     assert out.pool == "eagle"
     assert eagle_saving_ms(None, PRICES) == 512.0
     assert switch_cost_ms(-5.0, 3.0, PRICES) == 0.0

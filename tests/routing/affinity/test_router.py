@@ -158,3 +158,20 @@ def test_a_retry_is_indexed_on_its_new_backend_but_counted_once() -> None:
     assert len(hits.affinity) == 1
     # the backend that answered is believed to hold the prompt
     assert router.live_view()["affinity"]["index_blocks"][retry.backend.name]["blocks"] > 0
+
+
+def test_a_session_on_eagle_stays_there_when_its_group_turns_to_the_baseline() -> None:
+    router, hits = make(SETTINGS, switch_up=2, switch_down=0.5)
+    t = router.choose(turn(0, 40, header="conv-e"))  # an idle group: EAGLE-3
+    assert t.pool == "eagle"
+    router.acquire(t)
+    for _ in range(6):  # both groups get busy
+        router.acquire(router.choose(RequestInfo("/v1/chat/completions")))
+    router.release(t)
+    again = router.choose(turn(0, 41, header="conv-e"))
+    # its group is loaded: the strategy says baseline, the prefix stays on EAGLE-3
+    assert (again.backend.name, again.reason) == (t.backend.name, "affinity_hold_eagle")
+    # the same prompt without its session key follows the strategy
+    plain = router.choose(turn(0, 41))
+    assert plain.group == t.group and plain.pool == "baseline"
+    assert "affinity_hold_eagle" in hits.reasons

@@ -46,3 +46,22 @@ def test_a_session_credits_its_last_backend() -> None:
     look = t.lookup(keys(7, 8, 9, prompt=5000.0), "s")
     assert look is not None and dict(look.held) == {"b1": 3000.0}
     assert t.stats()["sessions"] == 1
+
+
+def test_a_session_lookup_carries_its_backend_and_the_live_footprint() -> None:
+    now = [0.0]
+    settings = AffinitySettings(cache_tokens=512 * 10, block_bytes=2048, session_live_s=10.0)
+    t = tracker_of(settings, ["b0", "b1"], clock=lambda: now[0])
+    first = keys(1, 2)
+    t.record(first, "s1", "b0", t.lookup(first, "s1"))
+    t.record(keys(7), "s2", "b1", t.lookup(keys(7), "s2"))
+    look = t.lookup(keys(1, 2, 3), "s1")
+    assert look is not None and look.session_backend == "b0"
+    assert look.footprint == {"b0": 0.0, "b1": 612.0}  # s1's own entry left out
+    assert look.cache_tokens == {"b0": 5120.0, "b1": 5120.0}
+    now[0] = 11.0
+    look = t.lookup(keys(1, 2, 3), "s1")
+    assert look is not None and look.footprint == {"b0": 0.0, "b1": 0.0}
+    # without a session key there is no footprint: single requests are priced as before
+    plain = t.lookup(keys(1, 2, 3), None)
+    assert plain is not None and plain.footprint is None and plain.session_backend is None
