@@ -31,8 +31,11 @@ the request `load_ms` for each request already there (its decode steps are share
   server also counts the live sessions' prefixes a new prompt pushes out of a full
   cache (`placement_tokens`): a new session goes to the group's other server
   (`affinity_room_<pool>`) when the strategy's server has no room for it and that
-  re-prefill costs more than the strategy's pool saves. Otherwise new sessions follow
-  the strategy.
+  re-prefill costs more than the strategy's pool saves. What the strategy's pool saves
+  counts, for a held session, the mixing cost too (`mixing_ms`): the GPU is
+  time-sliced, so a request kept on the other server holds up every request on the
+  strategy's for its whole answer, a cost it shares with the requests already there.
+  Otherwise new sessions follow the strategy.
 """
 
 from __future__ import annotations
@@ -126,12 +129,35 @@ def placement_tokens(prompt: float, held: float, footprint: Mapping[str, float] 
     return uncached + max(0.0, min(uncached, overflow))
 
 
+def mixing_ms(group: GroupView, want: Pool, other: Pool,
+              predictions: Mapping[Pool, PoolPrediction] | None,
+              prices: AffinityPrices) -> float:
+    """Request-milliseconds of keeping one more request on `other` while the strategy
+    sends the group to `want`: the GPU is time-sliced, so every step `other` takes holds
+    up each request on `want`, for the request's answer (`expected_output_tokens` x
+    `other`'s predicted per-token time). The requests already on `other` keep that going
+    anyway: the request bears its share, 1 / (1 + those requests). 0 without
+    predictions or with nothing on `want`."""
+    if predictions is None or other not in predictions:
+        return 0.0
+    on_want = sum(b.inflight for b in group.healthy_servers(want))
+    on_other = sum(b.inflight for b in group.healthy_servers(other))
+    if on_want <= 0:
+        return 0.0
+    answer_ms = prices.expected_output_tokens * predictions[other].tpot_ms
+    return on_want * answer_ms / (1.0 + on_other)
+
+
 def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
               prices: AffinityPrices) -> Decision:
     """`decision` (a strategy's choice for a request in `group`), or the other pool when
     going where the strategy says makes the shared GPU prefill more (the request's
     uncached prompt, and the live sessions' prefixes it pushes out of a full cache:
-    `placement_tokens`) by more than the strategy's pool saves on the answer.
+    `placement_tokens`) by more than the strategy's pool saves on the answer, plus, for a
+    request held where its prefix is, what running beside the strategy's pool costs its
+    requests (`mixing_ms`). A new session placed for cache room is not charged the
+    mixing: a server whose live sessions overflow its KV pool also bounds its running
+    batch and queues, a cost the re-prefill price leaves out and that outweighs it.
 
     Any request may stay on the baseline for its prefix (`affinity_hold_baseline`).
     EAGLE-3 is kept only for a session whose last request went to the server that holds
@@ -152,8 +178,12 @@ def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
     extra = (placement_tokens(prompt, on_want, lookup.footprint, lookup.cache_tokens, w_server)
              - placement_tokens(prompt, on_other, lookup.footprint, lookup.cache_tokens,
                                 o_server))
-    saving = pool_saving_ms(want, decision.predictions, prices)
-    if switch_cost_ms(extra, decision.load, prices) <= saving:
+    if extra <= 0:
+        return decision
+    gain = pool_saving_ms(want, decision.predictions, prices)
+    if holds:
+        gain += mixing_ms(group, want, other, decision.predictions, prices)
+    if switch_cost_ms(extra, decision.load, prices) <= gain:
         return decision
     reason = f"affinity_hold_{other}" if holds else f"affinity_room_{other}"
     return replace(decision, pool=other, reason=reason, recalls=False)

@@ -141,3 +141,17 @@ def test_the_cost_models_saving_replaces_the_setting() -> None:
 def test_the_override_reasons_are_pool_decision_reasons() -> None:
     from specrouter.routing.pool_choice import REASONS
     assert set(AFFINITY_REASONS) <= set(REASONS)
+
+
+def test_a_held_session_pays_for_running_beside_the_strategys_pool() -> None:
+    light = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 9.0)}
+    held = look({"g0-eagle": 30_000.0, "g0-base": 2_000.0}, session_backend="g0-eagle")
+    # 8 requests on the baseline, EAGLE-3 otherwise idle: 8 x 256 x 10 ms = 20480 ms of
+    # mixing against 2240 ms of prefill: the session moves to the baseline
+    alone = hold_pool(decision("baseline", predictions=light), group("g0", base=8), held,
+                      PRICES)
+    assert (alone.pool, alone.reason) == ("baseline", "strategy_baseline")
+    # with 19 more requests on EAGLE-3 the mixing goes on anyway: its share is 1024 ms
+    shared = hold_pool(decision("baseline", predictions=light),
+                       group("g0", eagle=19, base=8), held, PRICES)
+    assert (shared.pool, shared.reason) == ("eagle", "affinity_hold_eagle")
