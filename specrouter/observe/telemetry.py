@@ -35,6 +35,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from specrouter.backends import Backend
+from specrouter.observe.fetch import Answer, TelemetryFetcher
 from specrouter.observe.loadview import EngineSample
 from specrouter.observe.local_errors import LocalFailure, RateLimitedLog, local_resource_error
 from specrouter.tasks import cancel_and_wait
@@ -258,11 +259,12 @@ class TelemetryPoller:
     interval: float = 0.1
     timeout: float = 2.0
     accept_every: int = 5
+    # None: the native keep-alive client (`observe.fetch`); an httpx client for tests
     client: httpx.AsyncClient | None = None
     clock: Callable[[], float] = time.monotonic
     _states: dict[str, _PollState] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _own_client: bool = False
+    _fetcher: TelemetryFetcher | None = None
     _local_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
 
     def __post_init__(self) -> None:
@@ -285,17 +287,15 @@ class TelemetryPoller:
         """Start one polling loop per backend (a hung one must not delay the others)."""
         if self._tasks:
             return
-        if self.client is None:
-            self.client, self._own_client = httpx.AsyncClient(timeout=self.timeout), True
         self._tasks = [asyncio.create_task(self._run(b), name=f"telemetry-{b.name}")
                        for b in self.backends]
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
         self._tasks = []
-        if self._own_client and self.client is not None:
-            await self.client.aclose()
-            self.client, self._own_client = None, False
+        if self._fetcher is not None:
+            await self._fetcher.aclose()
+            self._fetcher = None
 
     async def __aenter__(self) -> TelemetryPoller:
         await self.start()
@@ -341,9 +341,13 @@ class TelemetryPoller:
         st.source = None
         return None
 
-    async def _get(self, backend: Backend, path: str) -> httpx.Response | None:
-        """The answer, None when the backend did not give one, or LocalFailure."""
-        assert self.client is not None, "call start() or pass a client"
+    async def _get(self, backend: Backend, path: str) -> Answer | httpx.Response | None:
+        """The answer, None when the backend did not give one, or LocalFailure. Without
+        an httpx client passed in, the native transport fetches (`observe.fetch`)."""
+        if self.client is None:
+            if self._fetcher is None:
+                self._fetcher = TelemetryFetcher(self.timeout)
+            return await self._fetcher.get(backend, path)
         headers = {"Authorization": f"Bearer {backend.api_key}"} if backend.api_key else {}
         try:
             return await self.client.get(backend.url.rstrip("/") + path, headers=headers,
