@@ -156,11 +156,21 @@ def _series_key(labels: dict[str, str]) -> _SeriesKey | None:
                         if k not in _RANK_COPIES and k != "priority"))
 
 
+def _gauge_lines(text: str) -> str:
+    """The sample lines of `_GAUGES` only: SGLang's /metrics carries dozens of families
+    (histograms with many buckets) the router never reads, and the Prometheus parser's
+    cost grows with every line and label it is handed. Comment lines go too: a sample
+    without its TYPE line parses to the same name, labels and value."""
+    return "\n".join(line for line in text.splitlines()
+                     if line.startswith(_GAUGES)
+                     and line.partition("{")[0].partition(" ")[0] in _GAUGES)
+
+
 def _metric_gauges(text: str) -> dict[str, dict[_SeriesKey, float]]:
     """Per gauge of `_GAUGES`, one value per batch (rank copies merged by max)."""
     gauges: dict[str, dict[_SeriesKey, float]] = {name: {} for name in _GAUGES}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(_gauge_lines(text)):
             for s in family.samples:
                 per_batch = gauges.get(s.name)
                 key = _series_key(s.labels) if per_batch is not None else None

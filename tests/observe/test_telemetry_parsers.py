@@ -6,7 +6,7 @@ import datetime
 import json
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from specrouter.observe.telemetry import (
     TelemetryParseError,
@@ -230,3 +230,24 @@ def test_server_info_accept_length() -> None:
 def test_bad_payloads_are_clear_errors(source: str, body: str, match: str) -> None:
     with pytest.raises(TelemetryParseError, match=match):
         parse_source(source, body, 0.0)
+
+
+def test_metrics_reads_only_the_gauges_it_uses() -> None:
+    # SGLang's /metrics carries many other families (histograms, counters, gauges whose
+    # names start like the ones read); only the read gauges are parsed, so a family the
+    # router never reads, even one it could not parse, does not cost a reading.
+    registry = CollectorRegistry()
+    labels = ["model_name", "tp_rank", "pp_rank", "moe_ep_rank"]
+    values = ["llama", "0", "0", "0"]
+    for name, value in (("sglang:num_running_reqs", 6.0), ("sglang:num_queue_reqs", 2.0),
+                        ("sglang:spec_accept_length", 2.75),
+                        ("sglang:num_running_reqs_offline_batch", 40.0)):
+        Gauge(name, "g", labels, registry=registry).labels(*values).set(value)
+    hist = Histogram(
+        "sglang:time_to_first_token_seconds", "h", labels, registry=registry)
+    hist.labels(*values).observe(0.3)
+    Counter("sglang:prompt_tokens", "c", labels, registry=registry).labels(*values).inc(9)
+    text = generate_latest(registry).decode() + 'sglang:broken_family{a="1" 2.0\n'
+    s = parse_metrics(text, 1.0)
+    assert (s.running, s.waiting) == (6, 2)
+    assert s.accept_length == pytest.approx(2.75) and s.accept_window == (2.75,)
