@@ -9,7 +9,6 @@ backend unless it is recalled before its first byte (`recall`).
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -38,7 +37,7 @@ from specrouter.routing.group_choice import choose_group
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy, PolicySource
 from specrouter.routing.pool_choice import decide, fold_accept
-from specrouter.routing.recall import RecallRegistry
+from specrouter.routing.recall import RecallEvent, RecallRegistry
 from specrouter.routing.report import BackendLive, LiveMetrics, group_learned, group_report
 from specrouter.routing.router import NoBackendAvailable, Probe, RequestInfo, Target
 from specrouter.routing.strategies.registry import STRATEGIES
@@ -238,7 +237,7 @@ class LoadAwareRouter:
                 and decision.state.pool == "baseline"):
             self._recalls.recall_group(group.name)
         self._states[group.name] = decision.state
-        recall = (asyncio.Event() if recalls and decision.pool == "eagle" and request.stream
+        recall = (RecallEvent() if recalls and decision.pool == "eagle" and request.stream
                   and not request.recalled else None)
         backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal,
                                      held)
