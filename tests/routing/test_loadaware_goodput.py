@@ -321,8 +321,9 @@ def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
         return router
 
     assert sum(t.probe is not None for t in asyncio.run(burst(primed(0.0)))) == 1
+    # a window far wider than the 50 arrivals take, even on a loaded host
     assert all(t.pool == "baseline" and t.probe is None
-               for t in asyncio.run(burst(primed(0.01))))
+               for t in asyncio.run(burst(primed(0.2))))
 
 
 def test_a_probe_wins_a_group_back_although_its_first_window_holds_old_steps() -> None:
