@@ -19,6 +19,24 @@ STYLE = {"eagle": ("tab:orange", "o", "eagle-only"),
          "router-calibrated": ("tab:cyan", "P", "specrouter, calibrated policy")}
 
 
+def _label(axes: Any, profile: str, xlabel: str,
+           panels: tuple[tuple[str, str], ...]) -> None:
+    """Title (profile: what), axis labels and grid of each panel."""
+    for ax, (title, ylabel) in zip(axes, panels, strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{profile}: {title}")
+        ax.grid(True, alpha=0.3)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def sweep_plot(profile: str, configs: dict[str, Any], path: Path) -> Path:
     """Throughput and median latency against concurrency, one line per config."""
     fig, (tput, lat) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -32,19 +50,12 @@ def sweep_plot(profile: str, configs: dict[str, Any], path: Path) -> Path:
                   label=label)
         lat.plot(xs, [lv["e2e"]["p50"] for lv in levels], color=color, marker=marker,
                  label=label)
-    for ax, title, ylabel in ((tput, "output throughput", "tokens/s"),
-                              (lat, "median request latency", "seconds")):
+    _label((tput, lat), profile, "concurrent requests (closed loop)",
+           (("output throughput", "tokens/s"), ("median request latency", "seconds")))
+    for ax in (tput, lat):
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent requests (closed loop)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{profile}: {title}")
-        ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def trace_plot(trace: dict[str, Any], path: Path) -> Path:
@@ -96,11 +107,7 @@ def trace_plot(trace: dict[str, Any], path: Path) -> Path:
     if any_router:
         share.legend(fontsize=7, loc="center right", framealpha=0.9)
     fig.suptitle(f"trace {trace['settings']['trace']} ({trace['settings']['profile']})")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def openloop_plot(profile: str, data: dict[str, Any], path: Path) -> Path:
@@ -117,22 +124,15 @@ def openloop_plot(profile: str, data: dict[str, Any], path: Path) -> Path:
                                      [lv["ttft"]["p99"] for lv in rows],
                                      [lv["output_tok_s"] for lv in rows]), strict=True):
             ax.plot(xs, values, color=color, marker=marker, label=label)
-    for ax, title, ylabel in zip(axes, ("median end-to-end latency", "TTFT p99",
-                                        "output throughput"),
-                                 ("seconds", "seconds", "tokens/s"), strict=True):
+    _label(axes, profile, "Poisson arrival rate (requests/s, simulated)",
+           (("median end-to-end latency", "seconds"), ("TTFT p99", "seconds"),
+            ("output throughput", "tokens/s")))
+    for ax in axes:
         ax.set_xscale("log")
-        ax.set_xlabel("Poisson arrival rate (requests/s, simulated)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{profile}: {title}")
-        ax.grid(True, alpha=0.3)
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 AGENTIC_STYLE = {**STYLE,
@@ -160,16 +160,9 @@ def agentic_plot(profile: str, levels: list[dict[str, Any]], path: Path) -> Path
                   [v["ttft"]["p99"] for _, v in rows])
         for ax, values in zip(axes, series, strict=True):
             ax.plot(xs, values, color=color, marker=marker, label=label)
-    for ax, title, ylabel in zip(axes, ("goodput (turns within the SLO)", "cached-token share",
-                                        "TTFT p99"), ("tokens/s", "%", "seconds"), strict=True):
-        ax.set_xlabel("session arrival rate (sessions/s, simulated)")
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{profile}: {title}")
-        ax.grid(True, alpha=0.3)
+    _label(axes, profile, "session arrival rate (sessions/s, simulated)",
+           (("goodput (turns within the SLO)", "tokens/s"), ("cached-token share", "%"),
+            ("TTFT p99", "seconds")))
     axes[2].set_yscale("log")
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
