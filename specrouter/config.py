@@ -397,6 +397,17 @@ class Settings(BaseSettings):
                 "SPECROUTER_ALLOW_WEAK_ADMIN_TOKEN=1 for a demo that nobody else can reach")
         return self
 
+    @property
+    def admin_token_warning(self) -> str | None:
+        """The start-up warning for a weak admin token let through by
+        allow_weak_admin_token; it never quotes the token."""
+        if self.admin_token is None or not self.allow_weak_admin_token:
+            return None
+        weakness = weak_admin_token(self.admin_token.get_secret_value())
+        return None if weakness is None else (
+            f"admin_token is {weakness}, allowed by allow_weak_admin_token: anyone who can "
+            "reach the router can guess it and rewrite the routing policy")
+
     def state_settings(self) -> StateSettings:
         """The store's settings: the `state` section plus the top-level `redis_url`."""
         return self.state.model_copy(update={"redis_url": self.redis_url})

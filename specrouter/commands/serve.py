@@ -185,9 +185,10 @@ def serve(settings: Settings, config_file: str | None = None,
     settings = budget.apply(settings)
     overrides = merge_overrides(overrides or {}, budget.overrides())
     log.info("%s", describe(settings))
-    password_warning = settings.state_settings().password_warning
-    if password_warning is not None:
-        log.warning("%s", password_warning)
+    for warning in (settings.state_settings().password_warning,
+                    settings.admin_token_warning):
+        if warning is not None:
+            log.warning("%s", warning)
     os.environ[SOURCE_ENV] = json.dumps({"config": config_file, "overrides": overrides or {}})
     options = uvicorn_options(settings)
     options["timeout_graceful_shutdown"] = 1.0  # the drain already waited

@@ -280,12 +280,19 @@ def test_the_insecure_flag_lets_a_demo_use_a_weak_token(
     settings = load_settings(overrides={"backends": BACKENDS}, environ={})
     assert settings.admin_token is not None
     assert settings.admin_token.get_secret_value() == token
+    # serve logs a warning at start-up, without the token
+    warning = settings.admin_token_warning
+    if token:
+        assert warning is not None and "allow_weak_admin_token" in warning
+        assert token not in warning
 
 
 def test_random_tokens_pass() -> None:
     for token in (ADMIN_TOKEN, secrets.token_hex(8), secrets.token_urlsafe(32)):
         assert weak_admin_token(token) is None
         assert Settings(backends=BACKENDS, admin_token=token).admin_token is not None
+        assert Settings(backends=BACKENDS, admin_token=token,
+                        allow_weak_admin_token=True).admin_token_warning is None
     assert Settings(backends=BACKENDS).admin_token is None  # no token: writes refused
 
 
