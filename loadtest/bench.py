@@ -1,8 +1,9 @@
 """`python -m loadtest.bench --report docs/benchmarks.md [--quick]`: every scenario, then
 the Markdown report and its plots (in an `img/` folder next to the report).
 
-The full run is sized to finish within 30 minutes on 2 cores (the sweep's 42 levels
-dominate); `--quick` is a smoke version of the same pipeline in about a minute or two.
+The full run takes about 45 minutes on 2 cores (42.5 on 2026-12-04: sweep 9, open loop
+9, agentic 9, the two traces 11, overhead and peer 4); `--quick` is a smoke version of the
+same pipeline in under three minutes.
 Raw results (JSON per scenario, CSV per request) go to `--results` (default: a fresh
 temp folder, printed at the end) so the repository only holds the report.
 """
@@ -32,7 +33,7 @@ SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "agentic", "overhead"
 SWEEP_TIME_SCALES = {"seed-coding": 0.1, "h200-llama3-8b": 1.0}
 TRACE_TIME_SCALE = 0.5
 # real seconds per level of `specrouter calibrate` (its default is 20; shorter keeps
-# `make bench` within 30 minutes, and the crossover needs only the ordering of the pools)
+# `make bench` within the hour, and the crossover needs only the ordering of the pools)
 CALIBRATE_DURATION_S = 5.0
 ROUTER_CONFIGS = ["eagle", "baseline", "router", "router-goodput"]
 
