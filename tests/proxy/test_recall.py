@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -63,45 +65,35 @@ def test_a_result_ready_first_wins_and_a_later_recall_is_moot() -> None:
     asyncio.run(scenario())
 
 
+async def _recalled_while_running(on_cancel: Callable[[], Any]) -> Any:
+    """Run work under `unless_recalled`, recall it once it runs, and return what the
+    caller gets; the work answers its cancellation with `on_cancel()`."""
+    recall, started = RecallEvent(), asyncio.Event()
+
+    async def work() -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            return on_cancel()
+        return "never"
+
+    caller = asyncio.create_task(unless_recalled(work(), recall))
+    await started.wait()
+    recall.set()
+    return await caller
+
+
 def test_a_result_returned_while_being_cancelled_wins() -> None:
-    async def scenario() -> None:
-        recall, started = RecallEvent(), asyncio.Event()
-
-        async def work() -> str:
-            started.set()
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                return "response"
-            return "never"
-
-        caller = asyncio.create_task(unless_recalled(work(), recall))
-        await started.wait()
-        recall.set()
-        assert await caller == "response"
-
-    asyncio.run(scenario())
+    assert asyncio.run(_recalled_while_running(lambda: "response")) == "response"
 
 
 def test_an_error_after_the_recall_is_a_recall() -> None:
-    async def scenario() -> None:
-        recall, started = RecallEvent(), asyncio.Event()
+    def closed() -> None:
+        raise ConnectionError("closed")
 
-        async def work() -> int:
-            started.set()
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                raise ConnectionError("closed") from None
-            return 1
-
-        caller = asyncio.create_task(unless_recalled(work(), recall))
-        await started.wait()
-        recall.set()
-        with pytest.raises(Recalled):
-            await caller
-
-    asyncio.run(scenario())
+    with pytest.raises(Recalled):
+        asyncio.run(_recalled_while_running(closed))
 
 
 def test_cancelling_the_caller_cancels_the_work_not_a_recall() -> None:
