@@ -1,5 +1,6 @@
-"""CPU per `unless_recalled` call: no recall event, a plain `asyncio.Event` (a waiter task
-and `asyncio.wait`) and the router's `RecallEvent` (a callback on set).
+"""CPU per `unless_recalled` call: without a recall event, and with the router's
+`RecallEvent` (a callback on set). The waiter-task path with a plain `asyncio.Event` it
+replaced measured 25-26 us per call (docs/router.md section 6).
 
 `python -m loadtest.overhead_recall`: the work is a coroutine awaiting a future resolved
 at the next loop iteration; 20,000 calls per kind, 2 rounds. An EAGLE-3 stream the router
@@ -12,9 +13,9 @@ import asyncio
 import time
 
 from specrouter.proxy.recall import unless_recalled
-from specrouter.routing.recall import RecallEvent
+from specrouter.routing.router import RecallEvent
 
-KINDS = ("none", "asyncio.Event", "RecallEvent")
+KINDS = ("none", "RecallEvent")
 
 
 async def _work(loop: asyncio.AbstractEventLoop) -> int:
@@ -27,8 +28,7 @@ async def cpu_per_call(kind: str, calls: int = 20_000) -> float:
     loop = asyncio.get_running_loop()
     started = time.process_time()
     for _ in range(calls):
-        event = {"none": None, "asyncio.Event": asyncio.Event(),
-                 "RecallEvent": RecallEvent()}[kind]
+        event = None if kind == "none" else RecallEvent()
         await unless_recalled(_work(loop), event)
     return (time.process_time() - started) / calls
 

@@ -9,11 +9,10 @@ has no effect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from specrouter.routing.recall import RecallEvent
+from specrouter.routing.router import RecallEvent
 
 _T = TypeVar("_T")
 
@@ -22,7 +21,7 @@ class Recalled(Exception):
     """The router recalled this attempt before its first byte: route the request again."""
 
 
-async def unless_recalled(work: Awaitable[_T], recall: asyncio.Event | None) -> _T:
+async def unless_recalled(work: Awaitable[_T], recall: RecallEvent | None) -> _T:
     """`await work`, unless `recall` is set first: then `work` is cancelled and Recalled
     is raised. A result that is ready when the recall comes wins, and so does one that
     `work` returned while being cancelled: it is the caller's to close (a response then
@@ -30,12 +29,6 @@ async def unless_recalled(work: Awaitable[_T], recall: asyncio.Event | None) -> 
     raises CancelledError, recalled or not."""
     if recall is None:
         return await work
-    if isinstance(recall, RecallEvent):
-        return await _unless_recall_event(work, recall)
-    return await _unless_event(work, recall)
-
-
-async def _unless_recall_event(work: Awaitable[_T], recall: RecallEvent) -> _T:
     me = asyncio.current_task()
     cancels = me.cancelling() if me is not None else 0
     task = asyncio.ensure_future(work)
@@ -60,19 +53,3 @@ async def _unless_recall_event(work: Awaitable[_T], recall: RecallEvent) -> _T:
     if me is not None and me.cancelling() > cancels:
         raise asyncio.CancelledError  # the caller was cancelled and `work` swallowed it
     return result
-
-
-async def _unless_event(work: Awaitable[_T], recall: asyncio.Event) -> _T:
-    task = asyncio.ensure_future(work)
-    recalled = asyncio.ensure_future(recall.wait())
-    try:
-        await asyncio.wait((task, recalled), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        recalled.cancel()
-        if not task.done():  # recalled, or this request was cancelled (client gone)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-    if task.cancelled() or (recall.is_set() and task.exception() is not None):
-        raise Recalled
-    return task.result()

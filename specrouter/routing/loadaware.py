@@ -37,9 +37,15 @@ from specrouter.routing.group_choice import choose_group
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy, PolicySource
 from specrouter.routing.pool_choice import decide, fold_accept
-from specrouter.routing.recall import RecallEvent, RecallRegistry
+from specrouter.routing.recall import RecallRegistry
 from specrouter.routing.report import BackendLive, LiveMetrics, group_learned, group_report
-from specrouter.routing.router import NoBackendAvailable, Probe, RequestInfo, Target
+from specrouter.routing.router import (
+    NoBackendAvailable,
+    Probe,
+    RecallEvent,
+    RequestInfo,
+    Target,
+)
 from specrouter.routing.strategies.registry import STRATEGIES
 
 _ARRIVING = "(arriving)"

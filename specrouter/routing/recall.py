@@ -9,35 +9,8 @@ a non-streamed answer arrives whole, so a queued request cannot be told from a l
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
 
 from specrouter.routing.router import Target
-
-
-class RecallEvent(asyncio.Event):
-    """An `asyncio.Event` that also runs callbacks, synchronously, when first set: a
-    recall cancels the attempt's work from its callback, so waiting for the work or the
-    recall takes no second task and no `asyncio.wait`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._on_set: list[Callable[[], object]] = []
-
-    def set(self) -> None:
-        if self.is_set():
-            return
-        super().set()
-        callbacks, self._on_set = self._on_set, []
-        for callback in callbacks:
-            callback()
-
-    def on_set(self, callback: Callable[[], object]) -> None:
-        self._on_set.append(callback)
-
-    def discard(self, callback: Callable[[], object]) -> None:
-        with contextlib.suppress(ValueError):
-            self._on_set.remove(callback)
 
 
 class RecallRegistry:

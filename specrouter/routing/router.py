@@ -9,7 +9,8 @@ and shared state all live behind this protocol.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,6 +44,31 @@ class RequestInfo:
     session: str | None = None
 
 
+class RecallEvent(asyncio.Event):
+    """An `asyncio.Event` that also runs callbacks, synchronously, when first set: a
+    recall cancels the attempt's work from its callback, so waiting for the work or the
+    recall takes no second task and no `asyncio.wait`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._on_set: list[Callable[[], object]] = []
+
+    def set(self) -> None:
+        if self.is_set():
+            return
+        super().set()
+        callbacks, self._on_set = self._on_set, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], object]) -> None:
+        self._on_set.append(callback)
+
+    def discard(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(ValueError):
+            self._on_set.remove(callback)
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     group: str
@@ -53,7 +79,7 @@ class Target:
     # Set by the router when the request should leave this backend for another pool if
     # it has not sent its first byte yet (the group switched pools meanwhile): the proxy
     # then closes the upstream request and asks `choose` again with `recalled=True`.
-    recall: asyncio.Event | None = None
+    recall: RecallEvent | None = None
 
 
 @dataclass(frozen=True, slots=True)

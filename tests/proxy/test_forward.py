@@ -261,10 +261,14 @@ def test_a_client_that_leaves_gets_its_request_aborted_and_counted_until_then() 
 
 def test_a_recalled_attempt_is_aborted_by_its_rid() -> None:
     async def scenario() -> None:
-        router, e0, b0 = ListRouter(recall_first=True), Backend_(hang=True), Backend_()
+        router, e0, b0 = ListRouter(armed_recall=True), Backend_(hang=True), Backend_()
         e0.abort_gate.clear()
         exchange = Exchange(make_app(router, e0, b0), "/v1/chat/completions", STREAM_CHAT)
-        await exchange.run()
+        task = asyncio.create_task(exchange.run())
+        while not e0.requests:  # the group switches once the attempt reached EAGLE-3
+            await asyncio.sleep(0)
+        router.recalls[0].set()
+        await task
         assert exchange.header[b"x-specrouter-backend"] == b"b0"
         assert exchange.content == ANSWER
         while not e0.aborts:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from specrouter.proxy.recall import Recalled, unless_recalled
-from specrouter.routing.recall import RecallEvent
+from specrouter.routing.router import RecallEvent
 
 
 def test_a_recall_cancels_the_work_with_one_task() -> None:
