@@ -129,9 +129,12 @@ def test_whole_group_killed_mid_stream_then_back(drill: DrillFactory) -> None:
             tasks = [asyncio.ensure_future(call(client, f"{d.url}/v1/chat/completions",
                                                 long_body, timeout=60.0)) for _ in range(4)]
             def both_groups_busy() -> bool:
-                inflight = d.router.inflight()
-                return all(sum(v for k, v in inflight.items() if k.startswith(g)) > 0
-                           for g in ("gpu0", "gpu1"))
+                # every stream is on an engine, not only in the router's counts: a stream
+                # still connecting when gpu0 dies is retried, not cut
+                received = {g: sum(httpx.get(f"{url}/sim/state").json()["requests"]
+                                   for url in (d.sim(g).eagle_url, d.sim(g).baseline_url))
+                            for g in ("gpu0", "gpu1")}
+                return sum(received.values()) == 4 and all(received.values())
 
             await asyncio.to_thread(wait_until, both_groups_busy, 20.0, "streams on both groups")
             _kill(d.sim("gpu0").process)
