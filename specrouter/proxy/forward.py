@@ -76,10 +76,11 @@ log = logging.getLogger("specrouter.proxy")
 class _Retry(Exception):
     """This attempt failed before the first byte: try another backend."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, unreachable: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.unreachable = unreachable  # the backend never took the connection
 
 
 @dataclass(slots=True)
@@ -212,6 +213,7 @@ class RequestCycle:
     async def _forward(self) -> None:
         """Choose, attempt, and on a retryable failure or a recall choose again."""
         tried: frozenset[str] = frozenset()
+        exclude: frozenset[str] = frozenset()
         failed: _Retry | None = None
         burst_ahead = await self.router.settle(self.info)
         if burst_ahead:
@@ -219,7 +221,7 @@ class RequestCycle:
         while True:
             try:
                 target = self.router.choose(
-                    replace(self.info, exclude=tried) if tried else self.info)
+                    replace(self.info, exclude=exclude) if exclude else self.info)
             except NoBackendAvailable as exc:
                 err = (RouterError(503, str(exc), code="no_backend") if failed is None
                        else RouterError(failed.status, failed.message))
@@ -238,6 +240,7 @@ class RequestCycle:
                 return
             except _Retry as retry:
                 tried, failed = tried | {target.backend.name}, retry
+                exclude = self._retry_exclude(tried, target, retry.unreachable)
                 log.info("request %s: retrying after %s", self.head.request_id.decode(),
                          retry.message)
             except Recalled:
@@ -295,7 +298,7 @@ class RequestCycle:
             self.router.record_outcome(name, False, str(exc))
             message = f"backend {name} unreachable: {exc}"
             if may_retry and self._has_alternative(target):
-                raise _Retry(502, message) from exc
+                raise _Retry(502, message, unreachable=True) from exc
             await self._fail(target, 502, message)
             return
         except UpstreamTimeout as exc:
@@ -324,6 +327,20 @@ class RequestCycle:
                 self.router.record_outcome(name, error is None, error)
         finally:
             await response.aclose()
+
+    def _retry_exclude(self, tried: frozenset[str], failed: Target,
+                       unreachable: bool) -> frozenset[str]:
+        """What the retry's choice excludes: the backends tried and, after a backend that
+        could not be reached, its whole GPU group while another group has a healthy
+        server. Both servers of a group share a host: when it dies, a retry on the
+        sibling fails too and the client gets the error although another group is up."""
+        if not unreachable:
+            return tried
+        avoid = tried | {b.name for b in self.router.backends if b.group == failed.group}
+        if any(b.name not in avoid and self.router.healthy(b.name)
+               for b in self.router.backends):
+            return avoid
+        return tried
 
     def _has_alternative(self, target: Target) -> bool:
         """Whether a retry could land anywhere: without one, answer the first failure."""

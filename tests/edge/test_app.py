@@ -13,6 +13,7 @@ import httpx
 import pytest
 from starlette.types import ASGIApp
 
+from specrouter.backends import Backend
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
 from specrouter.proxy.upstream import (
@@ -75,10 +76,13 @@ class FakeBackend:
         pass
 
 
-def make_app(router: ListRouter, e0: FakeBackend, b0: FakeBackend) -> SpecRouterApp:
+def make_app(router: ListRouter, e0: FakeBackend, b0: FakeBackend,
+             **more: FakeBackend) -> SpecRouterApp:
+    """The app over `router`; `more` are upstreams of the router's further backends."""
     settings = load_settings(environ={}, overrides={"backends": [
-        {"name": b.name, "url": b.url, "pool": b.pool, "group": b.group} for b in BACKENDS]})
-    return create_app(settings, router, {"e0": e0, "b0": b0})
+        {"name": b.name, "url": b.url, "pool": b.pool, "group": b.group}
+        for b in router.backends]})
+    return create_app(settings, router, {"e0": e0, "b0": b0, **more})
 
 
 async def call(app: ASGIApp, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -111,6 +115,17 @@ def test_unreachable_backend_is_retried_on_another() -> None:
     assert router.outcomes == [("e0", False), ("b0", True)]
     assert [r.exclude for r in router.requests] == [frozenset(), frozenset({"e0"})]
     assert router.held == {"e0": 0, "b0": 0}
+
+
+def test_a_backend_that_cannot_be_reached_is_retried_in_another_group() -> None:
+    # gpu g0's host died: both of its servers refuse connections; g1 is up
+    router = ListRouter(backends=(*BACKENDS, Backend("e1", "http://e1", "eagle", "g1")))
+    e0, b0, e1 = FakeBackend(unreachable=True), FakeBackend(unreachable=True), FakeBackend()
+    response = asyncio.run(call(make_app(router, e0, b0, e1=e1), "POST", "/v1/completions",
+                                json=CHAT))
+    assert response.status_code == 200 and response.headers["x-specrouter-backend"] == "e1"
+    assert [r.exclude for r in router.requests] == [frozenset(), frozenset({"e0", "b0"})]
+    assert b0.paths == [] and router.held == {"e0": 0, "b0": 0, "e1": 0}
 
 
 def test_a_recall_before_the_first_byte_routes_the_request_again() -> None:
