@@ -101,17 +101,18 @@ class GroupCostModel:
     baseline_max_batch: int | None = None
     eagle_max_batch: int | None = None
 
+    def curve(self, pool: Pool) -> StepCurve:
+        """`pool`'s step-cost curve."""
+        return self.eagle if pool == "eagle" else self.baseline
+
     def predict(self, pool: Pool, load: float, accept_length: float) -> PoolPrediction:
         if accept_length <= 0:
             raise ValueError("accept_length must be positive")
         load = max(1.0, float(load))
-        curve, cap, per_step = (
-            (self.eagle, self.eagle_max_batch, accept_length)
-            if pool == "eagle"
-            else (self.baseline, self.baseline_max_batch, 1.0)
-        )
+        cap, per_step = ((self.eagle_max_batch, accept_length) if pool == "eagle"
+                         else (self.baseline_max_batch, 1.0))
         batch = min(load, float(cap)) if cap else load
-        step = curve.ms(batch)
+        step = self.curve(pool).ms(batch)
         throughput = 1000.0 * batch * per_step / step
         return PoolPrediction(pool, load, batch, step, throughput, 1000.0 * load / throughput)
 

@@ -222,7 +222,7 @@ class OnlineCostModel:
 
     def _seed_curve(self, pool: Pool) -> StepCurve:
         assert self.seed is not None
-        return self.seed.eagle if pool == "eagle" else self.seed.baseline
+        return self.seed.curve(pool)
 
     def _curves(self) -> tuple[StepCurve, StepCurve]:
         if self.seed is not None:

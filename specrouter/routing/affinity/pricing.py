@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from specrouter.backends import Pool
+from specrouter.backends import Pool, other_pool
 from specrouter.observe.loadview import GroupView
 from specrouter.routing.costmodel import PoolPrediction
 from specrouter.routing.decision import Decision
@@ -93,19 +93,12 @@ def switch_cost_ms(extra_tokens: float, load: float, prices: AffinityPrices) -> 
     return max(0.0, extra_tokens) * prices.prefill_ms_per_token * (1.0 + load)
 
 
-def eagle_saving_ms(predictions: Mapping[Pool, PoolPrediction] | None,
-                    prices: AffinityPrices) -> float:
-    """What EAGLE-3 saves on one answer against the baseline."""
-    return pool_saving_ms("eagle", predictions, prices)
-
-
 def pool_saving_ms(pool: Pool, predictions: Mapping[Pool, PoolPrediction] | None,
                    prices: AffinityPrices) -> float:
     """What `pool` saves on one answer against the other pool: the predicted per-token
     difference where there are predictions, else `eagle_saving_ms_per_token`."""
     if predictions is not None and "eagle" in predictions and "baseline" in predictions:
-        other: Pool = "baseline" if pool == "eagle" else "eagle"
-        per_token = predictions[other].tpot_ms - predictions[pool].tpot_ms
+        per_token = predictions[other_pool(pool)].tpot_ms - predictions[pool].tpot_ms
     else:
         per_token = prices.eagle_saving_ms_per_token
     return max(0.0, per_token) * prices.expected_output_tokens
@@ -166,7 +159,7 @@ def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
     requests with a session key (`affinity_room_<pool>`: the other server has room for
     a new session's prefix where the strategy's has not)."""
     want = decision.pool
-    other: Pool = "baseline" if want == "eagle" else "eagle"
+    other = other_pool(want)
     w_server, on_want = _most_held(group, want, lookup.held)
     o_server, on_other = _most_held(group, other, lookup.held)
     if not (w_server and o_server):

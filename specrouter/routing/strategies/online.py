@@ -96,9 +96,7 @@ def drain_cost(model: GroupCostModel, pool: Pool, held: float) -> float:
     if held <= 0:
         return 0.0
     mixing = (model.mixing_ratio or 1.0) if isinstance(model, LearnedCostModel) else 1.0
-    here = model.eagle if pool == "eagle" else model.baseline
-    there = model.baseline if pool == "eagle" else model.eagle
-    return mixing * here.ms(held) / there.ms(1.0)
+    return mixing * model.curve(pool).ms(held) / model.curve(other_pool(pool)).ms(1.0)
 
 
 def wait_cost(gain_share: float, sustained: float) -> float:

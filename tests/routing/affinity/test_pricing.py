@@ -6,7 +6,6 @@ from specrouter.routing.affinity.pricing import (
     AFFINITY_REASONS,
     AffinityPrices,
     GroupAffinity,
-    eagle_saving_ms,
     hold_pool,
     placement_tokens,
     pool_saving_ms,
@@ -129,12 +128,12 @@ def pred(pool: str, tpot: float) -> PoolPrediction:
 
 def test_the_cost_models_saving_replaces_the_setting() -> None:
     preds = {"eagle": pred("eagle", 4.0), "baseline": pred("baseline", 40.0)}
-    assert eagle_saving_ms(preds, PRICES) == 36.0 * 256  # type: ignore[arg-type]
+    assert pool_saving_ms("eagle", preds, PRICES) == 36.0 * 256  # type: ignore[arg-type]
     # 2240 ms of prefill against 9216 ms saved: EAGLE-3 is worth the move
     out = hold_pool(decision("eagle", predictions=preds), group("g0"),
                     look({"g0-base": 30_000.0, "g0-eagle": 2_000.0}), PRICES)
     assert out.pool == "eagle"
-    assert eagle_saving_ms(None, PRICES) == 512.0
+    assert pool_saving_ms("eagle", None, PRICES) == 512.0
     assert switch_cost_ms(-5.0, 3.0, PRICES) == 0.0
 
 
