@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -337,15 +338,16 @@ class RequestCycle:
         if not unreachable:
             return tried
         avoid = tried | {b.name for b in self.router.backends if b.group == failed.group}
-        if any(b.name not in avoid and self.router.healthy(b.name)
-               for b in self.router.backends):
-            return avoid
-        return tried
+        return avoid if self._healthy_outside(avoid) else tried
 
     def _has_alternative(self, target: Target) -> bool:
         """Whether a retry could land anywhere: without one, answer the first failure."""
-        name = target.backend.name
-        return any(b.name != name and self.router.healthy(b.name) for b in self.router.backends)
+        return self._healthy_outside({target.backend.name})
+
+    def _healthy_outside(self, names: AbstractSet[str]) -> bool:
+        """Whether a healthy backend outside `names` exists."""
+        return any(b.name not in names and self.router.healthy(b.name)
+                   for b in self.router.backends)
 
     async def _refuse(self, err: RouterError) -> None:
         self.finished = True
