@@ -68,6 +68,7 @@ class LoadGenerator:
     def __post_init__(self) -> None:
         self._cycler = PromptCycler(list(self.prompts), self.seed)
         self._rng = random.Random(self.seed)
+        self._files = random.Random(f"context:{self.seed}")
         self._path = endpoint_path(self.shape.api)
         self._pool: ConnectionPool | None = None
         self._t0 = time.perf_counter()
@@ -96,13 +97,18 @@ class LoadGenerator:
     async def one(self, phase: str = "", shape: RequestShape | None = None) -> RequestResult:
         """One request of `shape` (default: the generator's), recorded in `results`."""
         assert self._pool is not None, "use `async with LoadGenerator(...)`"
-        body = encode(build_body(self._cycler.next(), shape or self.shape))
+        body = encode(build_body(self._cycler.next(), shape or self.shape, self._context_file()))
         result = RequestResult(start=self.now(), phase=phase)
         self.results.append(result)
         await stream_request(self._pool, self._path, body, result, self.headers)
         if self._bar is not None:
             self._bar.update(1)
         return result
+
+    def _context_file(self) -> str:
+        """A source file of this request's own: its padding shares no prefix with any other
+        request's (see `loadtest.promptset`), and the same seed names the same files."""
+        return f"src/task_{self._files.getrandbits(48):012x}.py"
 
     async def closed_loop(
         self, concurrency: int, num_requests: int | None = None,

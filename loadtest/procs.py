@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -263,6 +263,28 @@ def sim_state(base_url: str) -> dict[str, Any]:
     """GET /sim/state of one simulated engine (its counters)."""
     data: dict[str, Any] = httpx.get(f"{base_url}/sim/state", timeout=10.0).json()
     return data
+
+
+def flush_cache(base_url: str) -> None:
+    """Empty one engine's prefix cache (SGLang's `/flush_cache`). An engine refuses while it
+    is busy, e.g. answering a health check or finishing an abandoned request, so it is asked
+    again for up to 30 s."""
+    for _ in range(600):
+        response = httpx.post(f"{base_url}/flush_cache", timeout=10.0)
+        if response.status_code == 200 and "not be performed" not in response.text[:40]:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{base_url}/flush_cache: still busy after 30 s")
+
+
+def reset_engines(urls: Iterable[str], seed: int) -> None:
+    """Every engine starts the next run cold and with the same draws: its prefix cache
+    empty and its acceptance and output-length draws reseeded from `seed`. Configs that
+    replay one workload are then paired: none inherits the prefixes another one cached,
+    and they differ by what they do, not by their luck."""
+    for url in urls:
+        flush_cache(url)
+        sim_control(url, {"seed": seed})
 
 
 def sim_control(base_url: str, fields: dict[str, Any]) -> None:

@@ -6,6 +6,11 @@ harness must work against any OpenAI-compatible server), so lengths use the comm
 approximation of 4 characters per token: `target_tokens * CHARS_PER_TOKEN` characters
 over all messages. Padding is repository context (source text a coding agent would have
 pasted), placed before the last user message's question, so the prompt stays plausible.
+Each request can name its own source file (`context_label`): the engines' prefix caches
+(SGLang's radix cache, and the simulator's) then share nothing past the messages before
+the last, as for single-turn requests that each paste their own code. Without a label
+every padded prompt starts with the same context, which a prefix cache serves after the
+first request; the multi-turn scenario (`loadtest.agentic`) models shared prefixes itself.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ CHARS_PER_TOKEN = 4
 PROMPTS_DIR = Path(__file__).parent / "prompts"
 DEFAULT_PROMPTS = PROMPTS_DIR / "coding.jsonl"
 
-_CONTEXT_HEADER = "Relevant repository context:\n```python\n"
+_CONTEXT_HEADER = "Relevant repository context{label}:\n```python\n"
 _CONTEXT_FOOTER = "\n```\n\n"
 _CONTEXT_CODE = '''\
 class RetryPolicy:
@@ -81,11 +86,13 @@ def load_prompts(path: Path | str = DEFAULT_PROMPTS) -> list[Prompt]:
     return prompts
 
 
-def shape_messages(prompt: Prompt, input_tokens: int | None) -> list[dict[str, str]]:
+def shape_messages(prompt: Prompt, input_tokens: int | None,
+                   context_label: str = "") -> list[dict[str, str]]:
     """The prompt's messages padded or trimmed to about `input_tokens` tokens.
 
     None keeps the prompt as written. Trimming cuts the last user message from the
-    front of its text (the question usually ends it); padding inserts context before it.
+    front of its text (the question usually ends it); padding inserts context before it,
+    headed by `context_label` (a file of this request's own) when one is given.
     """
     messages = [dict(m) for m in prompt.messages]
     if input_tokens is None:
@@ -98,17 +105,18 @@ def shape_messages(prompt: Prompt, input_tokens: int | None) -> list[dict[str, s
     if len(content) > room:
         last["content"] = content[len(content) - room:]
     elif len(content) < room:
-        last["content"] = _context(room - len(content)) + content
+        last["content"] = _context(room - len(content), context_label) + content
     return messages
 
 
-def _context(chars: int) -> str:
-    frame = len(_CONTEXT_HEADER) + len(_CONTEXT_FOOTER)
+def _context(chars: int, label: str) -> str:
+    header = _CONTEXT_HEADER.format(label=f" ({label})" if label else "")
+    frame = len(header) + len(_CONTEXT_FOOTER)
     if chars <= frame:
         return " " * chars
     body_chars = chars - frame
     repeats = body_chars // len(_CONTEXT_CODE) + 1
-    return _CONTEXT_HEADER + (_CONTEXT_CODE * repeats)[:body_chars] + _CONTEXT_FOOTER
+    return header + (_CONTEXT_CODE * repeats)[:body_chars] + _CONTEXT_FOOTER
 
 
 @dataclass(frozen=True)
@@ -122,15 +130,16 @@ class RequestShape:
     ignore_eos: bool = True
 
 
-def build_body(prompt: Prompt, shape: RequestShape) -> dict[str, Any]:
-    """An OpenAI request body that streams and reports usage.
+def build_body(prompt: Prompt, shape: RequestShape, context_label: str = "") -> dict[str, Any]:
+    """An OpenAI request body that streams and reports usage (padding as in
+    `shape_messages`).
 
     `ignore_eos` (an SGLang/vLLM extension) plus `max_tokens` fixes the output length, so
     runs compare like with like; `stream_options.include_usage` gives the exact number of
     output tokens, since one SSE chunk can carry several tokens (EAGLE-3 accepts several
     per step).
     """
-    messages = shape_messages(prompt, shape.input_tokens)
+    messages = shape_messages(prompt, shape.input_tokens, context_label)
     body: dict[str, Any] = {
         "model": shape.model,
         "stream": True,

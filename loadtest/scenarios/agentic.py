@@ -43,7 +43,7 @@ from loadtest.agentic import (
     system_prompt,
 )
 from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
-from loadtest.procs import SimGroup, Stack, served_model, sim_options, sim_state
+from loadtest.procs import SimGroup, Stack, flush_cache, served_model, sim_options, sim_state
 from loadtest.scenarios import peer
 from loadtest.scenarios.common import CpuWatch, run_async, saturated
 from loadtest.scenarios.sweep import router_env
@@ -231,17 +231,6 @@ def _sim_args(options: str) -> list[str]:
     return [flag for flag in SIM_FLAGS if flag in options]
 
 
-def _flush(urls: Sequence[str]) -> None:
-    """Empty every engine's prefix cache between levels (an engine refuses while busy,
-    e.g. answering a health check: asked again)."""
-    for url in urls:
-        for _ in range(50):
-            response = httpx.post(f"{url}/flush_cache", timeout=10.0)
-            if response.status_code == 200 and "not be performed" not in response.text[:40]:
-                break
-            time.sleep(0.05)
-
-
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if v is None or before.get(k) is None else v - before[k])
             for k, v in after.items()}
@@ -295,7 +284,8 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
         for n, rate in enumerate(s.rates_of(profile)):
             sessions = make_sessions(shape, s.seed, rate, s.window_s, first_index=n * 10_000)
             if n:
-                _flush(engine_urls)
+                for engine_url in engine_urls:
+                    flush_cache(engine_url)
             before = _engine_counters(engine_urls)
             player = Player(targets, model, system_prompt(shape, s.seed), scale,
                             session_header=SESSION_HEADER, stop_s=s.window_s + s.drain_of(profile))

@@ -34,7 +34,7 @@ from typing import Any
 
 from loadtest.generator import LoadGenerator
 from loadtest.metrics import RequestResult, summarize, write_json, write_tagged_csv
-from loadtest.procs import Stack, served_model, sim_control
+from loadtest.procs import Stack, reset_engines, served_model
 from loadtest.promptset import RequestShape, load_prompts
 from loadtest.scenarios.common import (
     CpuWatch,
@@ -303,8 +303,7 @@ def run_profile(profile: str, s: OpenLoopSettings, log: Any = print) -> dict[str
             rows: list[dict[str, Any]] = []
             tagged: list[tuple[dict[str, Any], RequestResult]] = []
             for load in loads:
-                for engine_url in sim.urls().values():
-                    sim_control(engine_url, {"seed": load.seed})
+                reset_engines(sim.urls().values(), load.seed)
                 row, results = run_async(_replay(url, pids, model, load, scale, s))
                 rows.append(row)
                 tagged.extend(({"load": load.name}, r) for r in results)

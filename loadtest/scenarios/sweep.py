@@ -26,7 +26,7 @@ from typing import Any
 
 from loadtest.generator import LoadGenerator
 from loadtest.metrics import RequestResult, summarize, write_json, write_tagged_csv
-from loadtest.procs import Stack, served_model, sim_control
+from loadtest.procs import Stack, reset_engines, served_model
 from loadtest.promptset import RequestShape, load_prompts
 from loadtest.scenarios.common import (
     CpuWatch,
@@ -147,12 +147,9 @@ def run_profile(profile: str, s: SweepSettings, log: Any = print) -> dict[str, A
             levels: list[dict[str, Any]] = []
             all_results: list[tuple[int, RequestResult]] = []
             for c in s.levels:
-                # Every config's level starts from the same simulator draws (acceptance,
-                # output lengths), so the comparison is paired: the configs differ by
-                # what they do, not by their luck (a router sending every request to
-                # EAGLE-3 measured 0.959x EAGLE-3 alone at h200 c=8 without it).
-                for engine_url in sim.urls().values():
-                    sim_control(engine_url, {"seed": s.seed * 1000 + c})
+                # Paired configs (a router sending every request to EAGLE-3 measured
+                # 0.959x EAGLE-3 alone at h200 c=8 when the draws were not reseeded).
+                reset_engines(sim.urls().values(), s.seed * 1000 + c)
                 level, results = run_async(_level(url, pids, model, s, c, scale))
                 levels.append(level)
                 all_results.extend((c, r) for r in results)

@@ -28,7 +28,7 @@ import httpx
 
 from loadtest.generator import LoadGenerator, Phase
 from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
-from loadtest.procs import SimGroup, Stack, served_model, sim_control
+from loadtest.procs import SimGroup, Stack, reset_engines, served_model, sim_control
 from loadtest.promptset import RequestShape, load_prompts
 from loadtest.scenarios.common import (
     CpuWatch,
@@ -108,8 +108,7 @@ async def _drive(url: str, model: str, s: TraceSettings, phases: list[Phase],
         await asyncio.to_thread(sim_control, sim.eagle_url, phase.control)
 
     samples: list[dict[str, Any]] = []
-    for engine_url in sim.urls().values():  # every config sees the same draws (sweep.py)
-        await asyncio.to_thread(sim_control, engine_url, {"seed": s.seed})
+    await asyncio.to_thread(reset_engines, sim.urls().values(), s.seed)
     async with LoadGenerator(url, shape, load_prompts(), seed=s.seed, progress=s.progress,
                              time_scale=s.time_scale) as gen:
         sampler = None

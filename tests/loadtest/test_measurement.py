@@ -13,7 +13,7 @@ import pytest
 
 from loadtest.generator import LoadGenerator
 from loadtest.metrics import SLO, RequestResult, percentile, summarize, write_csv, write_json
-from loadtest.procs import served_model
+from loadtest.procs import reset_engines, served_model
 from loadtest.promptset import CHARS_PER_TOKEN, RequestShape, load_prompts, shape_messages
 from loadtest.scenarios.common import run_async
 
@@ -51,8 +51,9 @@ def test_tpot_and_slo_from_request_times() -> None:
     assert not SLO(ttft_s=0.2, tpot_s=0.1).met(r, time_scale=0.1)
 
 
-def _run(url: str, concurrency: int, n: int) -> list[RequestResult]:
-    shape = RequestShape(served_model(url), input_tokens=200, output_tokens=OUTPUT_TOKENS)
+def _run(url: str, concurrency: int, n: int, input_tokens: int = 200) -> list[RequestResult]:
+    shape = RequestShape(served_model(url), input_tokens=input_tokens,
+                         output_tokens=OUTPUT_TOKENS)
 
     async def go() -> list[RequestResult]:
         async with LoadGenerator(url, shape, load_prompts(), progress=False) as gen:
@@ -87,6 +88,27 @@ def test_closed_loop_counts_tokens_and_times(sim_group: Callable[..., Any], pool
     assert len(rows) == 8 and {row["output_tokens"] for row in rows} == {str(OUTPUT_TOKENS)}
     write_json(tmp_path / "s.json", summary)
     assert json.loads((tmp_path / "s.json").read_text())["completed"] == 8
+
+
+def test_each_request_pastes_context_of_its_own(sim_group: Callable[..., Any]) -> None:
+    """Single-turn requests share no padding, so the engine's prefix cache serves almost
+    none of a run (one shared context would be served from cache after the first request);
+    `reset_engines` starts the next config with that cache empty."""
+    sim = sim_group(profile="seed-coding", time_scale=0.05)
+    results = _run(sim.baseline_url, concurrency=2, n=8, input_tokens=1000)
+    assert all(r.ok for r in results)
+    state = sim.state("baseline")
+    assert state["cached_tokens"] < 0.05 * state["prompt_tokens"], state
+    assert state["cache_tokens"] > 0
+    reset_engines([sim.baseline_url], seed=3)
+    assert sim.state("baseline")["cache_tokens"] == 0
+
+
+def test_context_labels_differ_and_repeat_with_the_seed() -> None:
+    prompt = load_prompts()[0]
+    a, b = shape_messages(prompt, 1000, "src/a.py"), shape_messages(prompt, 1000, "src/b.py")
+    assert a != b and a == shape_messages(prompt, 1000, "src/a.py")
+    assert sum(len(m["content"]) for m in a) == sum(len(m["content"]) for m in b)
 
 
 def test_open_loop_and_errors_are_recorded(sim_group: Callable[..., Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -44,12 +45,15 @@ class PoolClient:
         self._headers = _auth(api_key)
         self._client = client
         self._prompt = _prompt(shape.input_tokens)
+        self._nonce = secrets.token_hex(6)
+        self._sent = 0
 
     async def one(self, result: LevelResult) -> None:
         """One request, recorded into `result` (an error only counts)."""
+        self._sent += 1
         body: dict[str, Any] = {
             "model": self._shape.model or "default",
-            "messages": [{"role": "user", "content": self._prompt}],
+            "messages": [{"role": "user", "content": f"{self._nonce}-{self._sent} {self._prompt}"}],
             "max_tokens": self._shape.output_tokens, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True},
         }
@@ -92,7 +96,10 @@ class PoolClient:
 
 def _prompt(tokens: int) -> str:
     """About 4 characters a token for English-like text, as SGLang's tokenizers (and the
-    simulator) count it."""
+    simulator) count it. Each request puts a tag of its own in front (`PoolClient.one`), so
+    SGLang's radix cache holds no prefix of it and every request pays its whole prefill, as
+    the traffic being calibrated for does: a repeated prompt would be prefilled once and then
+    served from cache, and the sweep would measure decode alone."""
     words = [_WORDS[i % len(_WORDS)] for i in range(max(1, tokens * 4 // 6))]
     return " ".join(words)
 

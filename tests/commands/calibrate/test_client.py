@@ -13,9 +13,12 @@ from specrouter.commands.calibrate.measure import LevelResult
 from specrouter.observe.telemetry import parse_v1_loads
 from tests.fixtures.sim import SimGroup
 
+SHORT = LoadShape(64, 96, "sim")
 
-async def _level(url: str, client: httpx.AsyncClient, requests: int) -> None:
-    pool = PoolClient(url, LoadShape(64, 96, "sim"), None, client)
+
+async def _level(url: str, client: httpx.AsyncClient, requests: int,
+                 shape: LoadShape = SHORT) -> None:
+    pool = PoolClient(url, shape, None, client)
     result = LevelResult("eagle", 4)
     await asyncio.gather(*(pool.one(result) for _ in range(requests)))
     assert result.requests == requests
@@ -38,3 +41,21 @@ def test_a_level_reads_the_window_of_its_own_steps(sim_group: Callable[..., SimG
     windowed, lifetime = asyncio.run(run())
     assert windowed is not None and windowed < 1.5, windowed
     assert lifetime is not None and lifetime > 1.6, lifetime  # the mean still holds level one
+
+
+def test_every_request_pays_its_whole_prefill(sim_group: Callable[..., SimGroup]) -> None:
+    """A calibration level measures the traffic it calibrates for: SGLang's radix cache
+    holds no prefix of a calibration request, so the engine prefills every prompt whole
+    (one repeated prompt would be served from cache after the first request)."""
+    group = sim_group(time_scale=0.02, sglang_version="0.5.23")
+    url = group.url("baseline")
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=60.0) as client:
+            for _ in range(2):
+                await _level(url, client, 4, LoadShape(1000, 8, "sim"))
+
+    asyncio.run(run())
+    state = group.state("baseline")
+    assert state["prompt_tokens"] > 8 * 900
+    assert state["cached_tokens"] < 0.02 * state["prompt_tokens"], state
