@@ -111,3 +111,21 @@ def test_the_router_gets_a_nofile_limit_that_holds_its_connections() -> None:
         {"name": "b", "url": "http://baseline:30001", "pool": "baseline", "group": "gpu0"}]},
         environ={})
     assert not plan_budget(settings, nofile["soft"]).lowered  # the defaults fit unchanged
+
+
+def _neighbours(doc: dict[str, Any], service: str) -> set[str]:
+    """The other services that share a network with `service`."""
+    mine = set(doc["services"][service]["networks"])
+    return {name for name, spec in doc["services"].items()
+            if name != service and mine & set(spec.get("networks", ()))}
+
+
+def test_redis_and_the_engines_are_reachable_only_by_who_talks_to_them() -> None:
+    doc = compose_with_env()
+    validate(doc)
+    assert all("networks" in spec for spec in doc["services"].values())
+    assert doc["services"]["redis"]["networks"] == ["state"]
+    assert doc["networks"]["state"] == {"internal": True}
+    assert _neighbours(doc, "redis") == {"router"}
+    assert _neighbours(doc, "engines-gpu0") == {"router", "prometheus"}
+    assert _neighbours(doc, "grafana") == {"router", "prometheus"}
