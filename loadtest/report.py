@@ -303,13 +303,15 @@ def openloop_section(result: dict[str, Any], images: dict[str, str]
              "per request at the mean prompt length). The burst pattern is on/off modulated "
              f"Poisson: {openloop.BURST_ON:g}x saturation for about {s['burst_on_arrivals']} "
              f"arrivals, then {openloop.BURST_OFF:g}x for about {s['burst_off_arrivals']}, "
-             f"{s['burst_cycles']} cycles. Each load starts from an idle group and the same "
-             "simulator seed. Configs: `eagle` / `baseline` (that engine of the group alone); "
+             f"{s['burst_cycles']} cycles. Each load starts from an idle group, empty prefix "
+             "caches and the same simulator seed; every request pastes a context of its own "
+             "(no shared prefix). Configs: `eagle` / `baseline` (that engine of the group alone); "
              "`router`: `specrouter serve` with nothing set but the router's timers on the "
              "simulator's clock (what a new user gets); `router-calibrated`: what "
-             "`specrouter calibrate` derives on the same group (its policy, and its fitted "
-             "cost model as `cost_model: {file: ...}` when it fits one); `router-goodput`: "
-             "strategy goodput with the profile's cost model on top of its policy. A router "
+             "`specrouter calibrate` writes with its default strategy on the same group: the "
+             "online strategy seeded with the cost model fitted from the sweep, served as "
+             "`cost_model: {file: ...}`; `router-goodput`: strategy goodput with the "
+             "profile's cost model on top of the calibrated threshold band. A router "
              "config runs every load in one process, lightest first. Simulator: the "
              "shared-GPU SGLang simulator (time-slicing: when both engines of the group have "
              "work, each step waits for the other's). Times are simulated seconds; the "
@@ -339,8 +341,8 @@ def openloop_section(result: dict[str, Any], images: dict[str, str]
                               for ld in data["loads"] if ld["rate"] is not None)
                   + " req/s.", ""]
         lines += [line.replace("applied to every router config",
-                               "applied to router-calibrated and router-goodput (not to "
-                               "`router`)")
+                               "applied to router-goodput; its fitted cost model "
+                               "(`--write-cost-model`) seeds router-calibrated")
                   for line in _calibration_lines(data.get("calibration"))]
         if f"openloop:{profile}" in images:
             lines += [f"![open loop {profile}]({images[f'openloop:{profile}']})", ""]

@@ -121,9 +121,12 @@ def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration
               input_tokens: int, output_tokens: int, out_dir: str | None, tag: str,
               log: Callable[[str], None], cache_key: tuple[str, str] | None = None,
               time_scale: float | None = None) -> dict[str, Any]:
-    """`specrouter calibrate` against one simulated group, as a user would run it:
-    returns its policy (`--write-policy`), crossover and accept length (`--json`).
-    With `cache_key`, an earlier calibration of the same key is returned instead."""
+    """`specrouter calibrate --strategy threshold` against one simulated group, as a user
+    would run it: returns its policy (`--write-policy`), crossover, accept length and fitted
+    cost model (`--json`, `--write-cost-model`). The threshold band is what the sweep and
+    trace routers are given; the model is what seeds the default (online) strategy of the
+    open-loop scenario's calibrated router, as `calibrate` with its default strategy would
+    write it. With `cache_key`, an earlier calibration of the same key is returned instead."""
     cached = cached_calibration(cache_key)
     if cached is not None:
         log(f"  calibrate {tag}: reusing the calibration of {cache_key}: {cached['policy']}")
@@ -138,9 +141,11 @@ def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration
     folder.mkdir(parents=True, exist_ok=True)
     policy_file = folder / f"calibrate-{tag}-policy.json"
     json_file = folder / f"calibrate-{tag}.json"
+    model_file = folder / f"calibrate-{tag}-cost-model.json"
     argv = ["specrouter", "calibrate", "--eagle-url", eagle_url, "--baseline-url", baseline_url,
             "--concurrency", ",".join(map(str, levels)), "--duration", f"{duration_s:g}",
             "--input-tokens", str(input_tokens), "--output-tokens", str(output_tokens),
+            "--strategy", "threshold", "--write-cost-model", str(model_file),
             "--write-policy", str(policy_file), "--json", str(json_file)]
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True,

@@ -4,7 +4,8 @@ heavy-tailed mixed request lengths, through each static pool and the router conf
 Per profile one simulated GPU group is started; every config replays the same
 workloads (`loadtest.workload`: arrival times and lengths drawn from fixed seeds before
 the run) one rate after the other, lightest first, then the burst pattern; every rate
-starts from an idle group and the same simulator seed (`POST /sim/control seed`).
+starts from an idle group with empty prefix caches and the same simulator seed
+(`procs.reset_engines`).
 
 Rates are fractions of the profile's saturation rate: the request rate the better pool
 alone serves at `SATURATION_BATCH` requests in its batch, from the profile's cost model
@@ -15,11 +16,11 @@ saturation during on periods, `BURST_OFF` x saturation in between.
 Configs: `eagle` and `baseline` (each engine of the group alone, the other idles);
 `router`: `specrouter serve` with nothing set (what a new user gets; only the router's
 timers are moved to the simulator's clock, as in every scenario: `router_time_env`,
-`scaled_policy`); `router-calibrated`: what `specrouter calibrate` derives on the same
-group (its policy, and its fitted cost model when it fits one); `router-goodput`: the
-goodput strategy with the profile's cost model on top of that policy (the sweep's
-variant). The router runs all rates of a config in one process, so what it learns at
-one rate it keeps at the next, as a deployment would.
+`scaled_policy`); `router-calibrated`: what `specrouter calibrate` writes with its default
+strategy on the same group: the online strategy seeded with the fitted cost model;
+`router-goodput`: the goodput strategy with the profile's cost model on top of the
+calibrated threshold band (the sweep's variant). The router runs all rates of a config in
+one process, so what it learns at one rate it keeps at the next, as a deployment would.
 """
 
 from __future__ import annotations
@@ -48,9 +49,12 @@ from loadtest.scenarios.common import (
 from loadtest.scenarios.sweep import DEFAULT_LEVELS, router_env
 from loadtest.workload import Arrival, LengthDist, OnOff, onoff_workload, poisson_workload
 from specrouter.backends import Pool
+from specrouter.routing.strategies.registry import DEFAULT_STRATEGY
 
 STATIC: tuple[Pool, Pool] = ("eagle", "baseline")
 ROUTERS = ("router", "router-calibrated", "router-goodput")
+# What `specrouter calibrate` writes as the policy of its default (online) strategy.
+CALIBRATED_POLICY = {"mode": "auto", "strategy": DEFAULT_STRATEGY}
 CONFIGS = (*STATIC, *ROUTERS)
 # The configs the done-when judges: the default must meet the targets, the calibrated
 # one as well.
@@ -242,15 +246,16 @@ def loads_of(profile: str, s: OpenLoopSettings) -> tuple[dict[str, Any], list[Lo
 def config_env(config: str, calibration: dict[str, Any], scale: float, profile: str,
                folder: Path) -> dict[str, str]:
     """Environment of one router config (see the module docstring). The calibrated
-    config gets all that `specrouter calibrate` wrote: its policy and, when it fitted
-    one, its cost model (`--write-cost-model`'s form, served from a file as a user
-    would: `cost_model: {file: ...}`)."""
+    config is what `specrouter calibrate` writes with its default strategy: the router's
+    own (online) strategy, seeded with the cost model fitted from the sweep
+    (`--write-cost-model`, served from a file as a user would: `cost_model: {file: ...}`)."""
     if config == "router":
         return {**router_time_env(scale), "SPECROUTER_POLICY": json.dumps(scaled_policy({}, scale))}
     policy = dict(calibration.get("policy") or {})
     if config != "router-calibrated":
         return router_env(policy, config, scale, profile)
-    env = router_env(policy, "router", scale, profile)
+    env = {**router_time_env(scale),
+           "SPECROUTER_POLICY": json.dumps(scaled_policy(CALIBRATED_POLICY, scale))}
     model = calibration.get("cost_model")
     if model:
         folder.mkdir(parents=True, exist_ok=True)

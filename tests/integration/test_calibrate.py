@@ -25,6 +25,7 @@ def test_calibrate_sweeps_applies_and_writes_the_policy(
     done = subprocess.run(
         specrouter_argv("calibrate", "--eagle-url", gpu0.eagle_url,
                         "--baseline-url", gpu0.baseline_url, "--concurrency", "1,2,4,8",
+                        "--strategy", "threshold",
                         "--requests", "8", "--input-tokens", "200", "--output-tokens", "64",
                         "--router-url", c.url, "--admin-token", ADMIN_TOKEN, "--apply",
                         "--write-policy", str(policy_file), "--json", str(results)),

@@ -2,14 +2,17 @@
 
 A closed-loop concurrency sweep of each pool, directly against its server and one pool at
 a time (`client`). At each level C, C workers send streaming chat requests back to back
-(fixed prompt and output length, `ignore_eos`), and the level reports output throughput
-(the tokens decoded before the level's deadline, while C requests were in flight) and
-latency (`measure`). From the two curves follow the crossover and the policy (`derive`),
-for goodput the group's cost model (`fit`), and the printed report (`report`).
+(fixed prompt and output length, `ignore_eos`, every prompt its own so that no prefill is
+served from cache), and the level reports output throughput (the tokens decoded before the
+level's deadline, while C requests were in flight) and latency (`measure`). From the two
+curves follow the crossover and the policy (`derive`), for a strategy that predicts with a
+cost model the group's model (`fit`), and the printed report (`report`).
 
-`--apply` PATCHes the policy into a running router's `/policy`; `--write-policy FILE`
-writes it for `specrouter serve --policy-file FILE`; `--write-cost-model FILE` writes the
-fitted model for the router's `cost_model.file`.
+The default strategy is the router's own (`online`): the calibration is then a seed of the
+model the router learns from telemetry, not a setting it depends on. `--write-cost-model
+FILE` writes that seed for the router's `cost_model.file`; `--apply` PATCHes the policy
+into a running router's `/policy`; `--write-policy FILE` writes it for `specrouter serve
+--policy-file FILE`.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from specrouter.commands.calibrate.fit import FITS, fit_model
 from specrouter.commands.calibrate.measure import LevelResult, SweepFacts
 from specrouter.commands.calibrate.report import level_row, model_report, report
 from specrouter.routing.costmodel import GroupCostModel, model_to_dict
-from specrouter.routing.strategies.registry import STRATEGIES
+from specrouter.routing.strategies.registry import DEFAULT_STRATEGY, STRATEGIES
 
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -57,9 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     amount.add_argument("--requests", type=int, help="requests per level instead of a duration")
     parser.add_argument("--input-tokens", type=int, default=1000)
     parser.add_argument("--output-tokens", type=int, default=256)
-    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default="threshold",
-                        help="policy to derive; a strategy that predicts with a cost model "
-                             "(goodput) also gets the group's model fitted")
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), default=DEFAULT_STRATEGY,
+                        help="policy to derive (default: the router's, %(default)s); a "
+                             "strategy that predicts with a cost model (online, goodput) "
+                             "also gets the group's model fitted: serve it with "
+                             "--write-cost-model")
     parser.add_argument("--write-cost-model", metavar="FILE",
                         help="write the cost model fitted from the sweep (for the router's "
                              "cost_model.file / SPECROUTER_COST_MODEL__FILE)")
