@@ -243,6 +243,17 @@ def loads_of(profile: str, s: OpenLoopSettings) -> tuple[dict[str, Any], list[Lo
     return cap, loads
 
 
+def in_simulated_ms(model: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """A fitted cost model in the simulator's milliseconds. `specrouter calibrate` times
+    steps on the wall clock, which the simulator runs at `time_scale`, while the engines'
+    telemetry (gen_throughput) counts simulated seconds; on hardware both are wall time."""
+    def curve(c: dict[str, Any]) -> dict[str, Any]:
+        if "points" in c:
+            return {"points": [[b, ms / time_scale] for b, ms in c["points"]]}
+        return {"poly": [k / time_scale for k in c["poly"]]}
+    return {**model, "eagle": curve(model["eagle"]), "baseline": curve(model["baseline"])}
+
+
 def config_env(config: str, calibration: dict[str, Any], scale: float, profile: str,
                folder: Path) -> dict[str, str]:
     """Environment of one router config (see the module docstring). The calibrated
@@ -260,7 +271,8 @@ def config_env(config: str, calibration: dict[str, Any], scale: float, profile: 
     if model:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"calibrate-{profile}-cost-model.json"
-        path.write_text(json.dumps(model), encoding="utf-8")
+        simulated = in_simulated_ms(model, calibration.get("time_scale") or 1.0)
+        path.write_text(json.dumps(simulated), encoding="utf-8")
         env["SPECROUTER_COST_MODEL"] = json.dumps({"file": str(path)})
     return env
 

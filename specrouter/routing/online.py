@@ -23,7 +23,9 @@ Each pool's curve is a weighted least-squares fit with exponential forgetting (h
   slope-to-intercept ratio, and readings at several sizes outweigh it), and the pool with
   fewer readings takes the other pool's fit through `TRANSFER` as its shape;
 - with a configured model (calibration, profile, step table) the curve is that model's
-  curve times a learned factor, with the seed as a strong prior of factor 1.
+  curve times a learned factor per pool: the group's level, learned from both pools'
+  readings at once, times the pool's ratio to it, whose strong prior is the seed's. A
+  seed's ratio of the pools holds until each pool's own readings say otherwise.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ PRIOR_EAGLE = PolyCurve(10.0, 0.5)
 #: tokens plus the draft steps). Measured tables: seed-coding 1.8 and 5.0, H200 Llama-3.1-8B
 #: 1.35 and 5.6 (docs/policy.md).
 TRANSFER = (1.7, 5.0)
+#: Pseudo-readings of a seed's level (its ratio of the pools weighs `seed_weight`).
+SEED_LEVEL_WEIGHT = 1.0
 #: A reading's batch below this counts as this (an engine that just started a request).
 MIN_BATCH = 1.0
 
@@ -236,9 +240,21 @@ class OnlineCostModel:
         return (fitted, second) if first == "eagle" else (second, fitted)
 
     def _factor(self, pool: Pool) -> float:
-        """The readings' mean of reading / seed curve, the seed's pseudo-readings at 1."""
+        """The group's level times the pool's own ratio to it. A seed knows the ratio of the
+        pools' steps better than their level (it may come from another clock, context
+        length or driver), so the level follows both pools' readings at once, and a pool's
+        ratio to it moves off the seed's (the pseudo-readings at 1) only with that pool's
+        own readings: a pool with no recent reading moves with the other."""
         fit = self._fits[pool]
-        return (fit.sums[7] + self.prior_weight) / (fit.sums[3] + self.prior_weight)
+        level = self._group_level()
+        return level * (fit.sums[7] / level + self.prior_weight) / (
+            fit.sums[3] + self.prior_weight)
+
+    def _group_level(self) -> float:
+        """Both pools' readings' mean of reading / seed curve (one pseudo-reading at 1)."""
+        fits = self._fits.values()
+        return (sum(f.sums[7] for f in fits) + SEED_LEVEL_WEIGHT) / (
+            sum(f.sums[3] for f in fits) + SEED_LEVEL_WEIGHT)
 
     def _line(self, pool: Pool, shape: PolyCurve) -> PolyCurve:
         """Least squares of a + b*B over the readings and the prior's pseudo-readings, the

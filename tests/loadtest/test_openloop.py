@@ -182,9 +182,10 @@ def test_tiny_open_loop_run_end_to_end(tmp_path: Path) -> None:
 
 
 def test_configs_differ_only_by_what_a_user_would_set(tmp_path: Path) -> None:
-    model = {"format": "specrouter-cost-model", "version": 1, "nominal_accept_length": 2.0}
+    model = {"format": "specrouter-cost-model", "version": 1, "nominal_accept_length": 2.0,
+             "eagle": {"points": [[1.0, 4.0], [8.0, 8.0]]}, "baseline": {"poly": [2.0, 0.1, 0.0]}}
     calibration = {"policy": {"mode": "auto", "strategy": "threshold", "switch_up": 0.7},
-                   "cost_model": model}
+                   "cost_model": model, "time_scale": 0.1}
     default = openloop.config_env("router", calibration, 0.1, "seed-coding", tmp_path)
     assert "SPECROUTER_COST_MODEL" not in default
     policy = json.loads(default["SPECROUTER_POLICY"])
@@ -199,7 +200,10 @@ def test_configs_differ_only_by_what_a_user_would_set(tmp_path: Path) -> None:
     assert {k: v for k, v in json.loads(calibrated["SPECROUTER_POLICY"]).items()
             if not k.endswith("_s")} == {"mode": "auto", "strategy": "online"}
     source = json.loads(calibrated["SPECROUTER_COST_MODEL"])
-    assert json.loads(Path(source["file"]).read_text()) == model
+    # timed on the wall clock at time scale 0.1, served in the simulator's milliseconds
+    served = json.loads(Path(source["file"]).read_text())
+    assert served["eagle"] == {"points": [[1.0, 40.0], [8.0, 80.0]]}
+    assert served["baseline"] == {"poly": [20.0, 1.0, 0.0]}
     no_model = openloop.config_env("router-calibrated", {"policy": {}}, 0.1, "seed-coding",
                                    tmp_path)
     assert "SPECROUTER_COST_MODEL" not in no_model

@@ -75,6 +75,26 @@ def test_a_seed_keeps_its_shape_and_learns_its_level() -> None:
     assert m.model(t).eagle_max_batch == 48
 
 
+def test_a_seed_in_other_units_keeps_its_ratio_of_the_pools() -> None:
+    """A seed timed on another clock (10x): readings of one pool move the other pool's
+    level with it, so the pools' ratio stays the seed's, also once those readings have
+    decayed and only the other pool's remain."""
+    seed = GroupCostModel(SEED["baseline"], SEED["eagle"], 2.0, 256, 48)
+    m = OnlineCostModel(seed, half_life_s=10.0)
+
+    def ratio(t: float) -> float:
+        model = m.model(t)
+        return model.eagle.ms(8) / model.baseline.ms(8)
+
+    tenfold = {p: PolyCurve(10 * c.a, 10 * c.b) for p, c in SEED.items()}
+    t = feed(m, tenfold, "eagle", range(1, 3), 0.0, n=200)
+    assert m.model(t).baseline.ms(8) == pytest.approx(tenfold["baseline"].ms(8), rel=0.1)
+    assert ratio(t) == pytest.approx(ratio(0.0), rel=0.02)
+    t = feed(m, tenfold, "baseline", range(20, 60), t + 100.0, n=200)
+    assert m.model(t).eagle.ms(8) == pytest.approx(tenfold["eagle"].ms(8), rel=0.1)
+    assert ratio(t) == pytest.approx(ratio(0.0), rel=0.02)
+
+
 def test_nonsense_readings_are_ignored() -> None:
     m = OnlineCostModel()
     for bad in (0.0, -1.0, float("inf"), float("nan")):
