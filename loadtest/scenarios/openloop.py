@@ -87,10 +87,11 @@ SATURATION_REQUESTS = 192
 BURST_ON, BURST_OFF = 1.2, 0.06
 BURST_ON_ARRIVALS, BURST_OFF_ARRIVALS, BURST_CYCLES = 16, 4, 2
 
-# Simulator time scale per profile: the top rate sends 32 (seed-coding) and 34 (h200)
-# requests per real second, which 2 cores carry with the router (sweep: c=64 on
-# seed-coding at 0.1 is ~30 req/s real, router 0.72 cores).
-TIME_SCALES = {"seed-coding": 0.1, "h200-llama3-8b": 0.5}
+# Simulator time scale per profile: the top rate sends 16 (seed-coding) and 44 (h200)
+# requests per real second, which 2 cores carry with the router. Each real millisecond
+# the router spends shows as 1/scale simulated ms, so a larger scale is closer to
+# hardware: at 0.1 a 2 ms proxy cost was 20 ms of a ~120 ms TTFT p99 on seed-coding.
+TIME_SCALES = {"seed-coding": 0.2, "h200-llama3-8b": 0.5}
 DEFAULT_TIME_SCALE = 0.1
 
 
