@@ -34,6 +34,9 @@ SNAPSHOT_MAX_AGE_S = 2.0
 ACCEPT_MAX_AGE_S = 30.0
 #: How far back the in-flight history reaches (beyond SNAPSHOT_MAX_AGE_S plus a poll).
 HISTORY_S = 5.0
+#: A cached snapshot is rebuilt this long before a deadline it depends on (see
+#: `BackendLoad.view_changes_at`).
+_DEADLINE_MARGIN_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,22 @@ class BackendLoad:
         return (now - self.sample.received_at > STALE_AFTER_INTERVALS * interval
                 or age > max(SNAPSHOT_MAX_AGE_S, STALE_AFTER_INTERVALS * interval))
 
+    def view_changes_at(self, now: float, interval: float) -> float:
+        """The latest moment up to which, with no new count or reading, a view of this
+        backend built at `now` still reads the same (its telemetry age aside): before its
+        sample goes stale and before its accept reading expires. A sample already stale
+        stays stale until the next reading."""
+        until = float("inf")
+        if self.sample is not None and not self.is_stale(now, interval):
+            until = min(self.sample.received_at + STALE_AFTER_INTERVALS * interval,
+                        self.sample.taken_at
+                        + max(SNAPSHOT_MAX_AGE_S, STALE_AFTER_INTERVALS * interval))
+        if self.accept_seen_at is not None and now - self.accept_seen_at <= ACCEPT_MAX_AGE_S:
+            until = min(until, self.accept_seen_at + ACCEPT_MAX_AGE_S)
+        # The comparisons above subtract, the deadline adds: one rounding apart, so the
+        # deadline is brought forward by far more than a rounding error.
+        return until - _DEADLINE_MARGIN_S
+
     def take_accept(self, sample: EngineSample) -> None:
         """Keep `sample`'s windowed accept length unless a newer reading is kept."""
         if sample.accept_length is None:
@@ -277,6 +296,18 @@ class BackendLoad:
         self.accept_window = sample.accept_window
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """A built `LoadView.snapshot`, valid while nothing it read has changed."""
+
+    groups: tuple[GroupView, ...]
+    version: int  # LoadView._version when built
+    healthy: tuple[bool, ...]  # the health flags it was built with, in LoadView._order
+    built_at: float
+    until: float  # the earliest BackendLoad.view_changes_at of its backends
+    stale: tuple[BackendLoad, ...]  # backends read stale: each read counts in stale_reads
+
+
 @dataclass
 class LoadView:
     """Loads of every backend, grouped by GPU group.
@@ -284,10 +315,19 @@ class LoadView:
     The request path calls `acquire`/`release` around each upstream request and
     `snapshot`/`group_view` to decide; the telemetry poller calls `publish`.
     Not thread-safe: use it from one event loop.
+
+    `snapshot` is built once and handed out again until a count, a reading or a health
+    flag changes, or a deadline of its readings passes (a sample going stale, an accept
+    reading expiring: `BackendLoad.view_changes_at`), so a request reads the same
+    views a fresh build would give, except `BackendView.telemetry_age`, which is the
+    age at the build.
     """
 
     poll_interval: float = 0.1
     backends: dict[str, BackendLoad] = field(default_factory=dict)
+    _version: int = field(default=0, init=False, repr=False, compare=False)
+    _order: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    _cache: _Snapshot | None = field(default=None, init=False, repr=False, compare=False)
 
     def add_backend(self, name: str, group: str, pool: Pool) -> None:
         if name in self.backends:
@@ -295,6 +335,8 @@ class LoadView:
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         self.backends[name] = BackendLoad(name=name, group=group, pool=pool)
+        self._order = tuple(sorted(self.backends))
+        self._version += 1
 
     def _get(self, name: str) -> BackendLoad:
         try:
@@ -307,6 +349,7 @@ class LoadView:
         b = self._get(name)
         b.inflight += 1
         b.history.record(now, b.inflight)
+        self._version += 1
 
     def release(self, name: str, now: float) -> None:
         """A request to `name` ended (success, error or client disconnect)."""
@@ -315,6 +358,7 @@ class LoadView:
             raise RuntimeError(f"release without acquire on backend {name!r}")
         b.inflight -= 1
         b.history.record(now, b.inflight)
+        self._version += 1
 
     def poll_started(self, name: str, now: float) -> None:
         """A telemetry poll of `name` is being sent (see `BackendLoad.engine_load`)."""
@@ -332,11 +376,13 @@ class LoadView:
         b.take_accept(sample)
         if sample.accept_lifetime is not None:
             b.accept_lifetime = sample.accept_lifetime
+        self._version += 1
 
     def publish_accept(self, name: str, sample: EngineSample) -> None:
         """The windowed accept length of a side-channel reading (/metrics next to a
         /v1/loads load source); its load counts are not used."""
         self._get(name).take_accept(sample)
+        self._version += 1
 
     def backend_view(self, name: str, now: float, healthy: bool = True) -> BackendView:
         b = self._get(name)
@@ -367,7 +413,23 @@ class LoadView:
     def snapshot(
         self, now: float, healthy: Callable[[str], bool] = lambda _n: True
     ) -> tuple[GroupView, ...]:
-        return tuple(self.group_view(g, now, healthy) for g in self.group_names())
+        """Every group's view, from the cache while it holds (see the class docstring)."""
+        flags = tuple(healthy(n) for n in self._order)
+        cached = self._cache
+        if (cached is not None and cached.version == self._version
+                and cached.healthy == flags and cached.built_at <= now <= cached.until):
+            for b in cached.stale:
+                b.stale_reads += 1
+            return cached.groups
+        ok = dict(zip(self._order, flags, strict=True))
+        groups = tuple(self.group_view(g, now, ok.__getitem__) for g in self.group_names())
+        loads = self.backends.values()
+        self._cache = _Snapshot(
+            groups, self._version, flags, now,
+            min((b.view_changes_at(now, self.poll_interval) for b in loads),
+                default=float("inf")),
+            tuple(b for b in loads if b.sample is not None and b.is_stale(now, self.poll_interval)))
+        return groups
 
     def stale_reads(self) -> Mapping[str, int]:
         return {n: b.stale_reads for n, b in self.backends.items()}

@@ -63,7 +63,8 @@ class BackendMonitor:
         groups = self.view.snapshot(now, usable)
         if self.cluster is not None:
             groups = self.cluster.merged(groups)
-        return tuple(replace(g, sustained=self.learning.sustained(g.name, now)) for g in groups)
+        sustained = self.learning.sustained
+        return tuple(GroupView(g.name, g.backends, sustained(g.name, now)) for g in groups)
 
     def group(self, name: str, now: float) -> GroupView:
         """One group with this replica's own counts."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,7 +11,9 @@ from hypothesis import strategies as st
 from specrouter.observe.loadview import (
     HISTORY_S,
     SNAPSHOT_MAX_AGE_S,
+    BackendView,
     EngineSample,
+    GroupView,
     InflightHistory,
     LoadView,
 )
@@ -181,3 +185,80 @@ def test_credit_rule_equals_engine_truth(ops: list[str], others: int) -> None:
         v = lv.backend_view("b", t)
         if v.engine is not None:
             assert v.engine == v.inflight + others
+
+
+def _without_age(groups: tuple[GroupView, ...]) -> list[tuple[str, list[BackendView]]]:
+    return [(g.name, [replace(b, telemetry_age=None) for b in g.backends]) for g in groups]
+
+
+def test_the_snapshot_is_built_once_until_something_it_read_changes() -> None:
+    lv = view()
+    lv.publish("b0", EngineSample(2, 0, 10.0))
+    first = lv.snapshot(10.05)
+    assert lv.snapshot(10.06) is first  # nothing changed: the same views
+    lv.acquire("e0", 10.07)
+    after = lv.snapshot(10.07)
+    assert after is not first and after[0].backends[1].inflight == 1
+    assert lv.snapshot(10.08, lambda n: n != "e0") is not after  # a health flag changed
+    lv.publish_accept("e0", EngineSample(0, 0, 10.09, accept_length=2.5))
+    assert lv.snapshot(10.09)[0].eagle_accept() == (2.5, 10.09)
+
+
+def test_a_cached_snapshot_still_goes_stale_at_each_deadline() -> None:
+    lv = view()
+    lv.publish("b0", EngineSample(30, 5, 100.0))  # stale after 3 poll intervals
+    lv.publish("e1", EngineSample(1, 0, 100.2, snapshot_age=1.95))  # old snapshot: 2 s
+    lv.publish_accept("e0", EngineSample(0, 0, 100.0, accept_length=3.0))
+    fresh = lv.snapshot(100.2)
+    assert fresh[0].backends[0].engine == 35.0 and fresh[1].backends[0].engine == 1.0
+    assert lv.snapshot(100.25)[1].backends[0].engine == 1.0  # 2.0 s: not older than the max
+    aged = lv.snapshot(100.26)  # the snapshot behind e1 is older than 2 s, no new reading
+    assert aged[1].backends[0].stale and aged[1].backends[0].engine is None
+    assert lv.snapshot(100.3)[0].backends[0].engine == 35.0
+    stale = lv.snapshot(100.31)
+    assert stale[0].backends[0].stale and stale[0].backends[0].engine is None
+    assert stale[0].eagle_accept() == (3.0, 100.0)
+    assert lv.snapshot(130.0)[0].eagle_accept() == (3.0, 100.0)  # 30 s: still usable
+    assert lv.snapshot(130.01)[0].eagle_accept() == (None, None)
+    # Every read of a stale sample counts, cached or not.
+    before = lv.stale_reads()["b0"]
+    lv.snapshot(130.01)
+    assert lv.stale_reads()["b0"] == before + 1
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["acquire", "release", "publish", "accept", "wait",
+                                           "flag"]),
+                          st.sampled_from(["e0", "b0", "e1"]),
+                          st.floats(0.0, 0.4), st.floats(0.0, 2.5)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_OPS)
+def test_a_cached_snapshot_reads_as_a_fresh_build(ops: list[tuple[str, str, float, float]]
+                                                   ) -> None:
+    lv, now, down = view(), 0.0, set[str]()
+
+    def healthy(name: str) -> bool:
+        return name not in down
+
+    for op, name, dt, x in ops:
+        now += dt if op == "wait" else dt / 10
+        if op == "acquire":
+            lv.acquire(name, now)
+        elif op == "release" and lv.backends[name].inflight:
+            lv.release(name, now)
+        elif op == "publish":
+            lv.publish(name, EngineSample(int(x * 4), 0, now, accept_length=1 + x,
+                                          snapshot_age=x if x < 2.1 else None))
+        elif op == "accept":
+            lv.publish_accept(name, EngineSample(0, 0, now - x * 20, accept_length=2 + x))
+        elif op == "flag":
+            down ^= {name}
+        reads = dict(lv.stale_reads())
+        cached = lv.snapshot(now, healthy)
+        counted = dict(lv.stale_reads())
+        fresh = tuple(lv.group_view(g, now, healthy) for g in lv.group_names())
+        assert _without_age(cached) == _without_age(fresh)
+        for b in (b for g in fresh for b in g.backends):
+            read_stale = b.stale and lv.backends[b.name].sample is not None
+            assert counted[b.name] - reads[b.name] == int(read_stale)
