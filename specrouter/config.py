@@ -245,6 +245,9 @@ class AdmissionSettings(_Section):
 
     arrival_window_ms: float = Field(default=2.0, ge=0, le=1000)
     arrival_max_wait_ms: float = Field(default=16.0, ge=0, le=10000)
+    # how long the largest burst seen is remembered: no request waits for a burst that
+    # twice the most arrivals seen within one max wait could not make (routing/arrivals.py)
+    arrival_memory_s: float = Field(default=60.0, gt=0, le=86400)
     recall_unstarted: bool = True
 
 

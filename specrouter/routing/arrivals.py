@@ -6,11 +6,19 @@ decision; a burst still arriving at the cap counts as going on at the same rate 
 long again. Without it, the first request of a burst sees an idle group, goes to
 EAGLE-3, and slows the baseline's batch on the shared GPU for its whole life. Nothing
 waits when the request would go to the baseline anyway.
+
+Nor when no plausible burst could change the decision: `plausible_burst` is what the
+window could count, judged by the recent arrivals: twice the most arrivals seen within
+one `max_wait_s` span over the last one to two `memory_s` (a burst still arriving at the
+cap counts twice), at least two. Until `memory_s` has passed since the first arrival
+it is None: any burst counts as plausible, so a router that has not watched its
+traffic yet waits whenever the request would go to EAGLE-3.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 
 #: The routes whose requests are generations, the ones a burst is made of.
@@ -20,24 +28,51 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/gener
 class ArrivalWindow:
     """Counts arrivals on one event loop; `pending` are requests still waiting."""
 
-    def __init__(self, window_s: float, max_wait_s: float) -> None:
+    def __init__(self, window_s: float, max_wait_s: float, memory_s: float = 60.0) -> None:
         self.window_s = window_s
         self.max_wait_s = max(window_s, max_wait_s)
+        self.memory_s = memory_s
         self.pending = 0
         self._arrivals = 0  # generation requests seen, ever
         self._last_arrival = float("-inf")  # event-loop time of the latest one
+        self._recent: deque[float] = deque()  # arrival times of the last max_wait_s
+        self._peak = 0  # most arrivals within one max_wait_s span, this memory period
+        self._peak_before: int | None = None  # the same, the period before (None: unwatched)
+        self._period_end: float | None = None
 
     @property
     def enabled(self) -> bool:
         return self.window_s > 0
+
+    def plausible_burst(self) -> int | None:
+        """The most requests a burst may still bring within one wait; None: any number
+        (module docstring)."""
+        if self._peak_before is None:
+            return None
+        return 2 * max(1, self._peak, self._peak_before)
+
+    def _record(self, now: float) -> None:
+        self._last_arrival = now
+        self._arrivals += 1
+        if self._period_end is None:
+            self._period_end = now + self.memory_s
+        elif now >= self._period_end:
+            quiet = now >= self._period_end + self.memory_s  # a whole period without arrivals
+            self._peak_before = 0 if quiet else self._peak
+            self._peak, self._period_end = 0, now + self.memory_s
+        recent = self._recent
+        recent.append(now)
+        while recent[0] <= now - self.max_wait_s:
+            recent.popleft()
+        self._peak = max(self._peak, len(recent))
 
     async def settle(self, worth_waiting: Callable[[], bool]) -> int:
         """Record an arrival and, when `worth_waiting()`, wait for a quiet window.
         Returns how many more requests of a burst still arriving at the cap the
         decision should expect (0 when the burst ended within the wait)."""
         loop = asyncio.get_running_loop()
-        self._last_arrival = arrived = loop.time()
-        self._arrivals += 1
+        arrived = loop.time()
+        self._record(arrived)
         seen_before = self._arrivals
         if not worth_waiting():
             return 0

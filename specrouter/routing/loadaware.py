@@ -27,6 +27,7 @@ from specrouter.routing.affinity.tracker import (
 from specrouter.routing.arrivals import GENERATION_PATHS, ArrivalWindow
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.decision import (
+    Decision,
     GroupState,
     HeaderError,
     Hints,
@@ -96,7 +97,9 @@ class LoadAwareRouter:
         self._clock = monitor.clock
         self._by_name = {b.name: b for b in monitor.backends}
         self._arrivals = ArrivalWindow(admission.arrival_window_ms / 1000.0,
-                                       admission.arrival_max_wait_ms / 1000.0)
+                                       admission.arrival_max_wait_ms / 1000.0,
+                                       admission.arrival_memory_s)
+        self._baselines = tuple(b.name for b in monitor.backends if b.pool == "baseline")
         self._recall_unstarted = admission.recall_unstarted
         self._recalls = RecallRegistry()
         self._states = {g: GroupState() for g in monitor.view.group_names()}
@@ -123,8 +126,7 @@ class LoadAwareRouter:
                 or request.path not in GENERATION_PATHS):
             return 0
         policy = self._policy.current
-        return await self._arrivals.settle(
-            lambda: policy.mode == "auto" and self._eagle_next(policy))
+        return await self._arrivals.settle(lambda: self._window_matters(policy))
 
     def choose(self, request: RequestInfo) -> Target:
         now = self._clock()
@@ -177,23 +179,44 @@ class LoadAwareRouter:
         self._states[group] = fold_accept(self._policy.current, view, self._states[group],
                                           self._cost_models.get(group))
 
-    def _eagle_next(self, policy: Policy) -> bool:
-        """Whether a request arriving now would go to EAGLE-3 or carry a probe to it (a
-        dry run of `choose`): the burst arriving behind it would change both. A group
-        without a healthy baseline backend sends everything to EAGLE-3 anyway."""
-        now = self._clock()
-        live = [g for g in self._with_arrivals(self.monitor.groups(now)) if g.any_healthy]
-        if not live:
+    def _window_matters(self, policy: Policy) -> bool:
+        """Whether waiting for the arrival window could change where a request arriving
+        now goes: it would go to EAGLE-3 or carry a probe to it (a dry run of `choose`),
+        and a plausible burst (`ArrivalWindow.plausible_burst`) counted as load would
+        change that. A group without a healthy baseline backend sends everything to
+        EAGLE-3 anyway."""
+        if policy.mode != "auto":
             return False
+        now = self._clock()
+        health = self.monitor.health
+        if not any(health.healthy(name, now) for name in self._baselines):
+            return False
+        groups = self.monitor.groups(now)
+        alone = self._dry_run(policy, self._with_arrivals(groups), now)
+        if alone is None or not (alone.pool == "eagle" or alone.probe_tokens is not None):
+            return False
+        burst = self._arrivals.plausible_burst()
+        if burst is None:
+            return True
+        crowded = self._dry_run(policy, self._with_arrivals(groups, burst), now)
+        return (crowded is None or crowded.pool != alone.pool
+                or (crowded.probe_tokens is None) != (alone.probe_tokens is None))
+
+    def _dry_run(self, policy: Policy, groups: tuple[GroupView, ...],
+                 now: float) -> Decision | None:
+        """The decision for the least loaded live group with a healthy baseline backend,
+        not kept; None where there is none."""
+        live = [g for g in groups if g.any_healthy]
+        if not live:
+            return None
         group = min(live, key=lambda g: g.load(policy.load_signal))
         if not group.pool_healthy("baseline"):
-            return False
+            return None
         try:
-            decision = decide(policy, group, self._states[group.name], Hints(), now,
-                              self._cost_models.get(group.name))
+            return decide(policy, group, self._states[group.name], Hints(), now,
+                          self._cost_models.get(group.name))
         except NoHealthyPool:
-            return False
-        return decision.pool == "eagle" or decision.probe_tokens is not None
+            return None
 
     def _with_arrivals(self, groups: tuple[GroupView, ...],
                        expected: int = 0) -> tuple[GroupView, ...]:

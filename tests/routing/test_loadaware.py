@@ -35,7 +35,8 @@ class Clock:
 
 
 def make(backends: list[Backend], window_s: float = 0.0, max_wait_s: float = 0.016,
-         recall: bool = False, **policy: object) -> tuple[LoadAwareRouter, Clock]:
+         recall: bool = False, memory_s: float = 60.0,
+         **policy: object) -> tuple[LoadAwareRouter, Clock]:
     clock = Clock()
     health = HealthChecker(backends, HealthSettings(enabled=False),
                            BreakerConfig(failure_threshold=2, cooldown_s=5.0,
@@ -43,7 +44,8 @@ def make(backends: list[Backend], window_s: float = 0.0, max_wait_s: float = 0.0
     monitor = BackendMonitor(backends, health, TelemetrySettings(enabled=False), clock=clock)
     holder = LocalPolicyHolder(Policy.model_validate({"strategy": "threshold", **policy}))
     admission = AdmissionSettings(arrival_window_ms=window_s * 1000,
-                                  arrival_max_wait_ms=max_wait_s * 1000, recall_unstarted=recall)
+                                  arrival_max_wait_ms=max_wait_s * 1000, recall_unstarted=recall,
+                                  arrival_memory_s=memory_s)
     return LoadAwareRouter(monitor, holder, admission), clock
 
 
@@ -88,6 +90,48 @@ def test_nothing_waits_in_the_baseline_regime_or_in_forced_modes() -> None:
     assert asyncio.run(timed(eagle_only)) < 0.25
     idle, _ = make(ONE_GROUP, window_s=0.5, switch_up=2, switch_down=1)
     assert asyncio.run(timed(idle)) >= 0.5  # the EAGLE-bound case does wait
+
+
+async def _settle_times(router: LoadAwareRouter, gaps: list[float]) -> list[float]:
+    """Requests one after another (each released before the next): how long each one's
+    `settle` took, after the given pause."""
+    loop = asyncio.get_running_loop()
+    waits = []
+    for gap in gaps:
+        await asyncio.sleep(gap)
+        started = loop.time()
+        burst_ahead = await router.settle(CHAT)
+        waits.append(loop.time() - started)
+        router.release(admit(router, replace(CHAT, burst_ahead=burst_ahead)))
+    return waits
+
+
+def test_no_wait_when_no_burst_seen_lately_could_flip_the_decision() -> None:
+    # Requests 0.3 s apart, one at a time: a burst seen is one request, plausibly two.
+    # Far below switch_up 8 two more cannot flip EAGLE-3: once the router has watched
+    # its arrivals for one memory period (0.2 s), nothing waits the 0.15 s window.
+    far, _ = make(ONE_GROUP, window_s=0.15, max_wait_s=0.15, memory_s=0.2,
+                  switch_up=8, switch_down=4)
+    waits = asyncio.run(_settle_times(far, [0.0, 0.3, 0.3]))
+    assert waits[0] >= 0.15  # not watched yet: any burst is plausible
+    assert max(waits[1:]) < 0.1
+
+
+def test_the_window_still_waits_where_a_plausible_burst_flips_the_decision() -> None:
+    # Near the switch point: two more requests would reach switch_up 1.5.
+    near, _ = make(ONE_GROUP, window_s=0.15, max_wait_s=0.15, memory_s=0.2,
+                   switch_up=1.5, switch_down=0)
+    assert min(asyncio.run(_settle_times(near, [0.0, 0.3, 0.3]))) >= 0.15
+
+    # Far below switch_up 8, but a burst of five was seen within the memory: it waits.
+    async def after_a_burst(router: LoadAwareRouter) -> list[float]:
+        await _settle_times(router, [0.0, 0.3])  # watched for one period
+        await asyncio.gather(*(router.settle(CHAT) for _ in range(5)))
+        return await _settle_times(router, [0.01])
+
+    seen, _ = make(ONE_GROUP, window_s=0.15, max_wait_s=0.15, memory_s=0.2,
+                   switch_up=8, switch_down=4)
+    assert asyncio.run(after_a_burst(seen))[0] >= 0.15
 
 
 def test_credit_rule_and_stale_telemetry() -> None:
