@@ -231,8 +231,10 @@ class AdmissionSettings(_Section):
     arrived for `arrival_window_ms` (at most `arrival_max_wait_ms`: a burst whose clients
     connect one after another keeps the first ones waiting), and requests arriving
     meanwhile count as load; a burst still arriving at the cap counts twice. Only the
-    EAGLE-3 regime pays it (one window at low load, a few ms on generations of seconds);
-    0 turns it off.
+    EAGLE-3 regime pays it (one window at low load, a few ms on generations of seconds),
+    and only where a plausible burst would change the decision: twice the most arrivals
+    seen within one max wait over the last `arrival_memory_s` (any burst until the router
+    has watched that long); 0 turns it off.
 
     A burst spread wider than the window still leaks requests to EAGLE-3. With
     `recall_unstarted`, when a group switches to the baseline (under a strategy that
@@ -245,8 +247,7 @@ class AdmissionSettings(_Section):
 
     arrival_window_ms: float = Field(default=2.0, ge=0, le=1000)
     arrival_max_wait_ms: float = Field(default=16.0, ge=0, le=10000)
-    # how long the largest burst seen is remembered: no request waits for a burst that
-    # twice the most arrivals seen within one max wait could not make (routing/arrivals.py)
+    # how long the largest burst seen is remembered (routing/arrivals.py)
     arrival_memory_s: float = Field(default=60.0, gt=0, le=86400)
     recall_unstarted: bool = True
 

@@ -327,6 +327,9 @@ class LoadView:
     backends: dict[str, BackendLoad] = field(default_factory=dict)
     _version: int = field(default=0, init=False, repr=False, compare=False)
     _order: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    # each group's backends, groups and backends sorted by name (as `group_view` lists them)
+    _members: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                 compare=False)
     _cache: _Snapshot | None = field(default=None, init=False, repr=False, compare=False)
 
     def add_backend(self, name: str, group: str, pool: Pool) -> None:
@@ -336,6 +339,8 @@ class LoadView:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         self.backends[name] = BackendLoad(name=name, group=group, pool=pool)
         self._order = tuple(sorted(self.backends))
+        self._members = {g: tuple(n for n in self._order if self.backends[n].group == g)
+                         for g in self.group_names()}
         self._version += 1
 
     def _get(self, name: str) -> BackendLoad:
@@ -422,7 +427,9 @@ class LoadView:
                 b.stale_reads += 1
             return cached.groups
         ok = dict(zip(self._order, flags, strict=True))
-        groups = tuple(self.group_view(g, now, ok.__getitem__) for g in self.group_names())
+        view = self.backend_view
+        groups = tuple(GroupView(g, tuple(view(n, now, ok[n]) for n in names))
+                       for g, names in self._members.items())
         loads = self.backends.values()
         self._cache = _Snapshot(
             groups, self._version, flags, now,

@@ -192,29 +192,32 @@ class LoadAwareRouter:
         if not any(health.healthy(name, now) for name in self._baselines):
             return False
         groups = self.monitor.groups(now)
-        alone = self._dry_run(policy, self._with_arrivals(groups), now)
+        models: dict[str, GroupCostModel | None] = {}  # one model build per group
+        alone = self._dry_run(policy, self._with_arrivals(groups), now, models)
         if alone is None or not (alone.pool == "eagle" or alone.probe_tokens is not None):
             return False
         burst = self._arrivals.plausible_burst()
         if burst is None:
             return True
-        crowded = self._dry_run(policy, self._with_arrivals(groups, burst), now)
+        crowded = self._dry_run(policy, self._with_arrivals(groups, burst), now, models)
         return (crowded is None or crowded.pool != alone.pool
                 or (crowded.probe_tokens is None) != (alone.probe_tokens is None))
 
-    def _dry_run(self, policy: Policy, groups: tuple[GroupView, ...],
-                 now: float) -> Decision | None:
+    def _dry_run(self, policy: Policy, groups: tuple[GroupView, ...], now: float,
+                 models: dict[str, GroupCostModel | None]) -> Decision | None:
         """The decision for the least loaded live group with a healthy baseline backend,
-        not kept; None where there is none."""
+        not kept; None where there is none. `models` memoises the groups' cost models."""
         live = [g for g in groups if g.any_healthy]
         if not live:
             return None
         group = min(live, key=lambda g: g.load(policy.load_signal))
         if not group.pool_healthy("baseline"):
             return None
+        if group.name not in models:
+            models[group.name] = self._cost_models.get(group.name)
         try:
             return decide(policy, group, self._states[group.name], Hints(), now,
-                          self._cost_models.get(group.name))
+                          models[group.name])
         except NoHealthyPool:
             return None
 
