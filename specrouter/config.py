@@ -201,6 +201,45 @@ class TelemetrySettings(_Section):
     sustained_s: float = Field(default=5.0, gt=0)
 
 
+class CostProbeSettings(_Section):
+    """Probes of a pool's decode step cost (proxy/shadow.py `CostProber`).
+
+    A pool the online model has no reading of is priced from the other pool through fixed
+    ratios that differ by model and GPU; a probe measures it instead: while the whole
+    group is idle, for each of the pool's batches, `batch` generations of `prompt_tokens`
+    unique tokens, once for one output token and once for `tokens`, sent together to the
+    pool's server; the difference of their end-to-end latencies over the difference of
+    their decode steps is one step at that batch.
+    A request arriving for the group cancels the probe.
+    """
+
+    enabled: bool = True
+    tokens: int = Field(default=64, ge=2, le=1024)
+    prompt_tokens: int = Field(default=512, ge=1, le=32768)
+    # batches probed per pool: EAGLE-3's slope needs two (light traffic reads EAGLE-3
+    # alone, at batch 1); the baseline's intercept is what the transfer from EAGLE-3's
+    # curve gets wrong, its slope the transfer gets right (docs/policy.md section 5b)
+    eagle_batches: tuple[int, ...] = Field(default=(1, 4))
+    baseline_batches: tuple[int, ...] = Field(default=(1,))
+    # how often an idle group is checked for a pool without readings
+    check_s: float = Field(default=1.0, gt=0)
+    # start-up waits this long at most for each group's servers to be healthy and probed
+    # before the router serves, so that its first decision prices both pools (0: probe
+    # in the background only)
+    startup_wait_s: float = Field(default=15.0, ge=0)
+    timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("eagle_batches", "baseline_batches")
+    @classmethod
+    def _positive(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(b < 1 or b > 64 for b in value):
+            raise ValueError("batches must be between 1 and 64")
+        return value
+
+    def batches(self, pool: Pool) -> tuple[int, ...]:
+        return self.eagle_batches if pool == "eagle" else self.baseline_batches
+
+
 class HealthSettings(_Section):
     """Active health checks: `/ready` where the server has it, else `/health`.
 
@@ -352,6 +391,7 @@ class Settings(BaseSettings):
     # `prefer_eagle`: the load-aware router starting in policy mode `eagle`.
     router: Literal["load_aware", "prefer_eagle"] = "load_aware"
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    cost_probe: CostProbeSettings = Field(default_factory=CostProbeSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)

@@ -26,6 +26,7 @@ from specrouter.errors import openai_error_body
 from specrouter.proxy.forward import Proxy
 from specrouter.proxy.request import RouteKind
 from specrouter.proxy.response import send_json
+from specrouter.proxy.shadow import CostProber
 from specrouter.proxy.upstream import Upstream, create_upstreams
 from specrouter.routing.arrivals import GENERATION_PATHS
 from specrouter.routing.router import Router
@@ -129,14 +130,19 @@ def create_app(
         router.backends, settings.timeouts, settings.upstream, settings.limits
     )
     proxy = Proxy(settings, router, upstreams)
+    cost_prober = CostProber.of(router, upstreams, settings.cost_probe)
     lifecycle = Lifecycle()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await router.start()
+        if cost_prober is not None:
+            await cost_prober.start()
         try:
             yield
         finally:
+            if cost_prober is not None:
+                await cost_prober.aclose()
             await proxy.aclose()
             await router.stop()
             if owned:

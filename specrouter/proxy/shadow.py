@@ -1,5 +1,5 @@
 """Shadow probes: re-measure an idle EAGLE-3 server's accept length without a client's
-request.
+request; cost probes: measure a pool's decode step before the online model prices it.
 
 While the goodput strategy holds a group on the baseline, its EAGLE server decodes
 nothing, so the accept length the router knows would stay frozen and a workload whose
@@ -11,17 +11,39 @@ own request still goes where the policy chose.
 
 A probe counts as in flight on its server while it runs and its outcome feeds passive
 health like any exchange.
+
+`CostProber` measures the step cost of a pool the online cost model has no reading of
+(`routing/costprobe.py`): at start-up and whenever the pool still has none, once its whole
+group is idle. A request for the group (from any replica: the in-flight counts are the
+cluster's) cancels the probe, so a probe never shares the GPU with a client's request for
+longer than the check interval; a replica never starts one while any server of the group
+is busy, which includes another replica's probe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
+from specrouter.backends import Backend, Pool
+from specrouter.config import CostProbeSettings
+from specrouter.observe.loadview import GroupView
 from specrouter.proxy.upstream import RawHeaders, RequestBody, Upstream, UpstreamError
+from specrouter.routing.costprobe import (
+    PROBE_PATH,
+    PROBE_WEIGHT,
+    ProbeAnswer,
+    cost_probe_body,
+    due,
+    parse_answer,
+    step_reading,
+)
+from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.router import Router, Target
 from specrouter.tasks import cancel_and_wait
 
@@ -99,3 +121,165 @@ class ShadowProber:
 
     async def aclose(self) -> None:
         await cancel_and_wait(list(self._tasks))
+
+
+class ProbeHost(Router, Protocol):
+    """A router whose monitor holds the online cost models (`LoadAwareRouter`)."""
+
+    monitor: BackendMonitor
+
+
+#: The order pools are probed in: the baseline's cost is the one a move trusts.
+POOLS: tuple[Pool, ...] = ("baseline", "eagle")
+#: Seconds between two looks at the group's in-flight count while a probe runs.
+_WATCH_S = 0.005
+#: Seconds before a pool whose probe failed (no answer a step could be read from) is
+#: probed again.
+_FAILED_RETRY_S = 60.0
+_JSON = (b"content-type", b"application/json")
+
+
+class _Cancelled(Exception):
+    """A request for the group arrived while a probe ran."""
+
+
+class CostProber:
+    """Probes each group's unread pools in the background (`start`, `aclose`)."""
+
+    def __init__(self, router: ProbeHost, upstreams: Mapping[str, Upstream],
+                 settings: CostProbeSettings) -> None:
+        self._router = router
+        self._monitor = router.monitor
+        self._upstreams = upstreams
+        self._settings = settings
+        self._task: asyncio.Task[None] | None = None
+        self._not_before: dict[tuple[str, Pool], float] = {}
+
+    @classmethod
+    def of(cls, router: Router, upstreams: Mapping[str, Upstream],
+           settings: CostProbeSettings) -> CostProber | None:
+        """A prober when probes are on and the router learns cost models."""
+        if not settings.enabled or not isinstance(getattr(router, "monitor", None),
+                                                  BackendMonitor):
+            return None
+        return cls(router, upstreams, settings)  # type: ignore[arg-type]
+
+    async def start(self) -> None:
+        """Probe every group's unread pools once its servers are healthy (at most
+        `startup_wait_s`), then keep probing in the background."""
+        if self._settings.startup_wait_s > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.startup_wait_s):
+                    await asyncio.gather(*(self._first(g) for g in self._monitor.learning.groups))
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _first(self, group: str) -> None:
+        while True:
+            view = self._group(group)
+            if all(b.healthy for b in view.backends):
+                break
+            await asyncio.sleep(_WATCH_S * 10)
+        for pool in POOLS:
+            if self._due(group, pool):
+                await self.probe(group, pool)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait([self._task])
+
+    async def _run(self) -> None:
+        while True:
+            for group in self._monitor.learning.groups:
+                for pool in POOLS:
+                    if self._due(group, pool):
+                        await self.probe(group, pool)
+            await asyncio.sleep(self._settings.check_s)
+
+    def _due(self, group: str, pool: Pool) -> bool:
+        if self._monitor.clock() < self._not_before.get((group, pool), float("-inf")):
+            return False
+        learned = self._monitor.learning.model(group, self._monitor.clock()).pools[pool]
+        return due(learned.readings)
+
+    def _group(self, group: str) -> GroupView:
+        return next(g for g in self._monitor.groups(self._monitor.clock()) if g.name == group)
+
+    def _idle_backend(self, group: str, pool: Pool) -> Backend | None:
+        """`pool`'s healthy server in `group` when no server of the group is busy."""
+        view = self._group(group)
+        if any(b.load("max") > 0 for b in view.backends):
+            return None
+        servers = view.healthy_servers(pool)
+        return None if not servers else next(
+            b for b in self._router.backends if b.name == servers[0].name)
+
+    def _group_inflight(self, group: str) -> int:
+        return sum(b.inflight for b in self._group(group).backends)
+
+    async def probe(self, group: str, pool: Pool) -> float | None:
+        """One probe of `pool` in `group` at each of its configured batches; the step ms
+        read at the last batch (None: the group was busy, or the probe was cancelled or failed)."""
+        learner = self._monitor.learning.learner(group)
+        ms = None
+        for batch in self._settings.batches(pool):
+            backend = self._idle_backend(group, pool)
+            if backend is None:
+                return None
+            try:
+                short = await self._round(group, pool, backend, batch, 1)
+                long = await self._round(group, pool, backend, batch, self._settings.tokens)
+            except _Cancelled:
+                learner.note_probe(pool, "cancelled")
+                return None
+            ms = None if short is None or long is None else step_reading(short, long)
+            if ms is None:
+                learner.note_probe(pool, "failed")
+                self._not_before[group, pool] = self._monitor.clock() + _FAILED_RETRY_S
+                return None
+            learner.observe(pool, batch, ms, self._monitor.clock(), PROBE_WEIGHT, probe=True)
+            learner.note_probe(pool, "read")
+            log.info("cost probe of %s (%s, group %s) at batch %d: %.3f ms a step",
+                     backend.name, pool, group, batch, ms)
+        return ms
+
+    async def _round(self, group: str, pool: Pool, backend: Backend, batch: int,
+                     tokens: int) -> list[ProbeAnswer] | None:
+        """`batch` generations of `tokens` sent together; cancelled (`_Cancelled`) as soon
+        as the group holds a request that is not one of them."""
+        targets = [Target(group, pool, backend, "cost_probe") for _ in range(batch)]
+        for target in targets:
+            self._router.acquire(target)
+        tasks = [asyncio.get_running_loop().create_task(self._one(backend, pool, tokens))
+                 for _ in targets]
+        try:
+            while not all(t.done() for t in tasks):
+                if self._group_inflight(group) > batch:
+                    raise _Cancelled
+                await asyncio.wait(tasks, timeout=_WATCH_S)
+            answers = [t.result() for t in tasks]
+        finally:
+            await cancel_and_wait(tasks)
+            for target in targets:
+                self._router.release(target)
+        return None if any(a is None for a in answers) else [a for a in answers if a]
+
+    async def _one(self, backend: Backend, pool: Pool, tokens: int) -> ProbeAnswer | None:
+        headers: RawHeaders = [_JSON]
+        if backend.api_key is not None:
+            headers.append((b"authorization", b"Bearer " + backend.api_key.encode()))
+        body = cost_probe_body(self._settings.prompt_tokens, tokens)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._settings.timeout_s):
+                response = await self._upstreams[backend.name].open(
+                    "POST", PROBE_PATH, headers, body, stream=False)
+                try:
+                    raw = b"".join([chunk async for chunk in response.iter_raw()])
+                finally:
+                    await response.aclose()
+        except (UpstreamError, TimeoutError) as exc:
+            log.info("cost probe of %s failed: %s", backend.name, exc or "timed out")
+            return None
+        if response.status != 200:
+            return None
+        return parse_answer(raw, pool, 1000.0 * (time.monotonic() - started))

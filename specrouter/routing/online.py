@@ -74,6 +74,7 @@ class _Fit:
     sums: list[float] = field(default_factory=lambda: [0.0] * 9)
     at: float | None = None
     readings: int = 0
+    probes: int = 0  # of the readings, those a cost probe measured
     low: float = math.inf
     high: float = 0.0
 
@@ -101,6 +102,7 @@ class LearnedPool:
     weight: float  # their decayed weight
     prior_weight: float  # the prior's pseudo-readings
     batch_range: tuple[float, float] | None  # smallest and largest batch seen
+    probes: int = 0  # readings a cost probe measured (proxy/shadow.py CostProber)
 
     @property
     def prior_share(self) -> float:
@@ -114,7 +116,7 @@ class LearnedPool:
                                  {"seed_factor": round(c.factor, 4)}
                                  if isinstance(c, ScaledCurve) else {})
         return {**shape, "step_ms_at": {str(b): round(c.ms(b), 3) for b in (1, 8, 32)},
-                "readings": self.readings, "weight": round(self.weight, 2),
+                "readings": self.readings, "probes": self.probes, "weight": round(self.weight, 2),
                 "prior_share": round(self.prior_share, 3),
                 "batch_range": None if self.batch_range is None else list(self.batch_range)}
 
@@ -127,11 +129,14 @@ class LearnedCostModel(GroupCostModel):
     seeded: bool = False
     mixing_ratio: float | None = None
     mixed_readings: int = 0
+    # cost probes by (pool, outcome): read, cancelled (a request came), failed
+    probes: Mapping[tuple[Pool, str], int] = field(default_factory=dict)
 
     def describe(self, accept_length: float) -> dict[str, Any]:
         return {"seeded": self.seeded, "pools": {p: v.as_dict() for p, v in self.pools.items()},
                 "mixing_ratio": None if self.mixing_ratio is None else round(self.mixing_ratio, 3),
                 "mixed_readings": self.mixed_readings,
+                "probes": {f"{p}/{o}": n for (p, o), n in sorted(self.probes.items())},
                 "crossover": self.crossover(accept_length)}
 
 
@@ -154,13 +159,15 @@ class OnlineCostModel:
             "baseline": None if seed is None else seed.baseline_max_batch}
         self.mixing: float | None = None  # observed mixed round / predicted sum
         self.mixed_readings = 0
+        self.probes: dict[tuple[Pool, str], int] = {}
         self._cache: tuple[float, LearnedCostModel] | None = None
 
     # -- readings ------------------------------------------------------------------------
 
     def observe(self, pool: Pool, batch: float, step_ms: float, now: float,
-                weight: float = 1.0) -> None:
-        """A solo window of `pool`: `batch` requests decoding, steps of `step_ms`."""
+                weight: float = 1.0, *, probe: bool = False) -> None:
+        """A solo window of `pool`: `batch` requests decoding, steps of `step_ms`
+        (`probe`: measured by a cost probe, not by the pool's telemetry)."""
         if not (step_ms > 0 and math.isfinite(step_ms) and batch > 0 and weight > 0):
             return
         batch = max(MIN_BATCH, batch)
@@ -179,6 +186,7 @@ class OnlineCostModel:
                     s[3 + i * 2 + j] += weight * phi_i * phi_j
                 s[7 + i] += weight * phi_i * step_ms
         fit.readings += 1
+        fit.probes += probe
         fit.low, fit.high = min(fit.low, batch), max(fit.high, batch)
         self._cache = None
 
@@ -194,6 +202,11 @@ class OnlineCostModel:
         ratio = round_ms / predicted
         self.mixing = ratio if self.mixing is None else 0.8 * self.mixing + 0.2 * ratio
         self.mixed_readings += 1
+        self._cache = None
+
+    def note_probe(self, pool: Pool, outcome: str) -> None:
+        """A cost probe of `pool` ended: read, cancelled or failed."""
+        self.probes[pool, outcome] = self.probes.get((pool, outcome), 0) + 1
         self._cache = None
 
     def note_max_batch(self, pool: Pool, max_running: int | None) -> None:
@@ -213,11 +226,11 @@ class OnlineCostModel:
         e, b = self._curves()
         pools: dict[Pool, LearnedPool] = {
             pool: LearnedPool(curve, fit.readings, fit.weight, self.prior_weight,
-                              None if fit.readings == 0 else (fit.low, fit.high))
+                              None if fit.readings == 0 else (fit.low, fit.high), fit.probes)
             for pool, curve, fit in _by_pool(e, b, self._fits)}
         model = LearnedCostModel(b, e, self.nominal_accept_length, self.max_batch["baseline"],
                                  self.max_batch["eagle"], pools, self.seed is not None,
-                                 self.mixing, self.mixed_readings)
+                                 self.mixing, self.mixed_readings, dict(self.probes))
         self._cache = (now, model)
         return model
 
@@ -236,7 +249,7 @@ class OnlineCostModel:
                        else "baseline")
         prior_first = PRIOR_EAGLE if first == "eagle" else _transfer(PRIOR_EAGLE, "baseline")
         fitted = self._line(first, prior_first)
-        second = self._line(other_pool(first), _transfer(fitted, other_pool(first)))
+        second = self._line(other_pool(first), _transfer(fitted, other_pool(first)), shift=True)
         return (fitted, second) if first == "eagle" else (second, fitted)
 
     def _factor(self, pool: Pool) -> float:
@@ -256,11 +269,13 @@ class OnlineCostModel:
         return (sum(f.sums[7] for f in fits) + SEED_LEVEL_WEIGHT) / (
             sum(f.sums[3] for f in fits) + SEED_LEVEL_WEIGHT)
 
-    def _line(self, pool: Pool, shape: PolyCurve) -> PolyCurve:
+    def _line(self, pool: Pool, shape: PolyCurve, shift: bool = False) -> PolyCurve:
         """Least squares of a + b*B over the readings and the prior's pseudo-readings, the
         prior's level matched to the readings' mean; slope >= 0, intercept > 0."""
         fit = self._fits[pool]
         mean = fit.mean()
+        if shift and mean is not None:
+            shape = PolyCurve(max(1e-3, shape.a + mean[1] - shape.ms(mean[0])), shape.b)
         level = 1.0 if mean is None else mean[1] / shape.ms(mean[0])
         s = fit.sums
         a00, a01, a11, r0, r1 = s[3], s[4], s[6], s[7], s[8]
