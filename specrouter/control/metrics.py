@@ -138,6 +138,9 @@ def _learned_families(live: LiveMetrics) -> Iterable[Metric]:
     prior = GaugeMetricFamily(f"{PREFIX}_learned_prior_share",
                               "Share of the learned curve still resting on the prior",
                               labels=["group", "pool"])
+    probes = CounterMetricFamily(f"{PREFIX}_cost_probes",
+                                 "Cost probes of a pool's decode step, by outcome",
+                                 labels=["group", "pool", "outcome"])
     for group, g in live.group_learned.items():
         if g.sustained_load is not None:
             sustained.add_metric([group], g.sustained_load)
@@ -148,7 +151,9 @@ def _learned_families(live: LiveMetrics) -> Iterable[Metric]:
                 step.add_metric([group, p, str(batch)], ms)
         for p, share in g.prior_share.items():
             prior.add_metric([group, p], share)
-    yield from (sustained, crossover, step, prior)
+        for (p, outcome), n in g.probes.items():
+            probes.add_metric([group, p, outcome], n)
+    yield from (sustained, crossover, step, prior, probes)
 
 
 class RouterMetrics:

@@ -199,7 +199,7 @@ class CostProber:
         if self._monitor.clock() < self._not_before.get((group, pool), float("-inf")):
             return False
         learned = self._monitor.learning.model(group, self._monitor.clock()).pools[pool]
-        return due(learned.readings)
+        return due(learned.weight)
 
     def _group(self, group: str) -> GroupView:
         return next(g for g in self._monitor.groups(self._monitor.clock()) if g.name == group)

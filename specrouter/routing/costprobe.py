@@ -35,6 +35,8 @@ from specrouter.backends import Pool
 PROBE_PATH = "/generate"
 #: A probe reading weighs this many telemetry windows (SGLang's decode log of 40 steps).
 PROBE_WEIGHT = 1.0
+#: A pool whose readings weigh less than this (decayed windows) is due for a probe.
+DUE_WEIGHT = 0.5
 #: Token ids of probe prompts: ordinary vocabulary ids of any tokenizer.
 _ID_BASE, _ID_SPAN = 1000, 20000
 
@@ -95,9 +97,11 @@ def step_reading(short: Sequence[ProbeAnswer], long: Sequence[ProbeAnswer]) -> f
     return e2e / steps
 
 
-def due(readings: int) -> bool:
-    """A pool is probed while the online model has no reading of it."""
-    return readings == 0
+def due(weight: float) -> bool:
+    """A pool is probed while its readings weigh less than `DUE_WEIGHT`: never read, or
+    not read for about a half-life since a probe (the model then rests on its prior
+    again; a pool serving traffic keeps its weight up through its telemetry)."""
+    return weight < DUE_WEIGHT
 
 
 def _mean(values: Sequence[float]) -> float:

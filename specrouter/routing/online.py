@@ -21,7 +21,10 @@ Each pool's curve is a weighted least-squares fit with exponential forgetting (h
 - without a configured model the curve is a line a + b*B; the prior is a shape whose level
   follows the pool's own readings (so a pool seen at one batch size gets the prior's
   slope-to-intercept ratio, and readings at several sizes outweigh it), and the pool with
-  fewer readings takes the other pool's fit through `TRANSFER` as its shape;
+  fewer readings takes the other pool's fit through `TRANSFER` as its shape, moved (not
+  scaled) to pass through the mean of its own readings: readings at one batch size (a
+  cost probe's, `routing/costprobe.py`) set its intercept and keep the transferred slope,
+  the ratio that holds across the measured tables;
 - with a configured model (calibration, profile, step table) the curve is that model's
   curve times a learned factor per pool: the group's level, learned from both pools'
   readings at once, times the pool's ratio to it, whose strong prior is the seed's. A
@@ -271,7 +274,8 @@ class OnlineCostModel:
 
     def _line(self, pool: Pool, shape: PolyCurve, shift: bool = False) -> PolyCurve:
         """Least squares of a + b*B over the readings and the prior's pseudo-readings, the
-        prior's level matched to the readings' mean; slope >= 0, intercept > 0."""
+        prior's level matched to the readings' mean (`shift`: by moving the shape's
+        intercept, keeping its slope); slope >= 0, intercept > 0."""
         fit = self._fits[pool]
         mean = fit.mean()
         if shift and mean is not None:

@@ -77,6 +77,7 @@ class GroupLearned:
     crossover: float | None
     step_ms: Mapping[str, Mapping[int, float]]  # pool -> batch -> ms
     prior_share: Mapping[str, float]  # pool -> share of the fit still the prior
+    probes: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (pool, outcome)
 
 
 def group_learned(model: GroupCostModel | None, sustained: float | None,
@@ -86,9 +87,12 @@ def group_learned(model: GroupCostModel | None, sustained: float | None,
     used = accept if accept is not None else model.nominal_accept_length
     steps = {"eagle": {b: model.eagle.ms(b) for b in METRIC_BATCHES},
              "baseline": {b: model.baseline.ms(b) for b in METRIC_BATCHES}}
-    prior: dict[str, float] = ({p: v.prior_share for p, v in model.pools.items()}
-             if isinstance(model, LearnedCostModel) else {})
-    return GroupLearned(sustained, model.crossover(used), steps, prior)
+    learned = model if isinstance(model, LearnedCostModel) else None
+    prior: dict[str, float] = ({} if learned is None else
+                               {p: v.prior_share for p, v in learned.pools.items()})
+    probes: dict[tuple[str, str], int] = ({} if learned is None else
+                                          {(p, o): n for (p, o), n in learned.probes.items()})
+    return GroupLearned(sustained, model.crossover(used), steps, prior, probes)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,9 @@ def test_both_pools_are_measured_before_the_first_request(sim_group: Any,
     learned = _until(proc.url, lambda m: m["pools"]["baseline"]["probes"]
                      and m["pools"]["eagle"]["probes"] == 2, "the probe readings of both pools")
     assert learned["probes"] == {"baseline/read": 1, "eagle/read": 2}, learned
+    metrics = httpx.get(f"{proc.url}/metrics", timeout=5.0).text
+    assert ('specrouter_cost_probes_total{group="gpu0",outcome="read",pool="baseline"} 1.0'
+            in metrics), metrics
     profile = load_profile(PROFILE)
     ctx = PROMPT + TOKENS / 2
     true_base = physics.decode_step_ms(profile, 1, ctx)
@@ -62,10 +65,11 @@ def test_both_pools_are_measured_before_the_first_request(sim_group: Any,
 
 def test_a_client_request_cancels_a_probe(sim_group: Any, router: RouterFactory) -> None:
     sim: SimGroup = sim_group(profile=PROFILE, time_scale=1.0)
-    # long probes (1024 tokens: ~5 s on this profile) that a request is sure to meet
+    # long probes (1024 tokens: ~5 s on this profile) in the background only, which a
+    # request is sure to meet
     proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
         "SPECROUTER_COST_PROBE": json.dumps({"prompt_tokens": 16, "tokens": 1024,
-                                             "check_s": 0.1}),
+                                             "check_s": 0.1, "startup_wait_s": 0}),
         "SPECROUTER_HEALTH": json.dumps({"interval_s": 0.1})})
     deadline = time.monotonic() + 20.0
     while not any(b["inflight"] for b in proc.ready()["backends"]):

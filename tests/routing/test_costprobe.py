@@ -10,6 +10,7 @@ import pytest
 
 from specrouter.routing.costmodel import PolyCurve
 from specrouter.routing.costprobe import (
+    PROBE_WEIGHT,
     ProbeAnswer,
     cost_probe_body,
     due,
@@ -55,8 +56,12 @@ def test_the_step_cancels_prefill_and_overhead() -> None:
     assert step_reading(short, [ProbeAnswer(49.0, 1.0)]) is None  # no step between them
 
 
-def test_only_an_unread_pool_is_due() -> None:
-    assert due(0) and not due(1)
+def test_a_pool_is_due_until_read_and_again_once_its_readings_decayed() -> None:
+    m = OnlineCostModel(half_life_s=10.0)
+    assert due(m.learned(0.0)["baseline"].weight)
+    m.observe("baseline", 1.0, 20.0, 0.0, PROBE_WEIGHT, probe=True)
+    assert not due(m.learned(5.0)["baseline"].weight)
+    assert due(m.learned(10.5)["baseline"].weight)
 
 
 @pytest.mark.parametrize(("truth", "accept", "lo", "hi"), [(SEED, 2.0, 1.0, 4.0),
