@@ -27,12 +27,14 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from specrouter.backends import Backend, Pool
 from specrouter.config import CostProbeSettings
 from specrouter.observe.loadview import GroupView
+from specrouter.proxy.abort import ABORT_PATH
 from specrouter.proxy.upstream import RawHeaders, RequestBody, Upstream, UpstreamError
 from specrouter.routing.costprobe import (
     PROBE_PATH,
@@ -247,13 +249,16 @@ class CostProber:
         """`batch` generations of `tokens` sent together; cancelled (`_Cancelled`) as soon
         as the group holds a request that is not one of them."""
         targets = [Target(group, pool, backend, "cost_probe") for _ in range(batch)]
+        rids = [f"specrouter-cost-probe-{uuid.uuid4().hex}" for _ in targets]
         for target in targets:
             self._router.acquire(target)
-        tasks = [asyncio.get_running_loop().create_task(self._one(backend, pool, tokens))
-                 for _ in targets]
+        tasks = [asyncio.get_running_loop().create_task(self._one(backend, pool, tokens, rid))
+                 for rid in rids]
         try:
             while not all(t.done() for t in tasks):
                 if self._group_inflight(group) > batch:
+                    await cancel_and_wait(tasks)
+                    await asyncio.gather(*(self._abort(backend, rid) for rid in rids))
                     raise _Cancelled
                 await asyncio.wait(tasks, timeout=_WATCH_S)
             answers = [t.result() for t in tasks]
@@ -263,11 +268,26 @@ class CostProber:
                 self._router.release(target)
         return None if any(a is None for a in answers) else [a for a in answers if a]
 
-    async def _one(self, backend: Backend, pool: Pool, tokens: int) -> ProbeAnswer | None:
+    async def _abort(self, backend: Backend, rid: str) -> None:
+        """Stop a cancelled probe on the server now (best effort)."""
+        body = json.dumps({"rid": rid}).encode()
+        with contextlib.suppress(UpstreamError, TimeoutError):
+            async with asyncio.timeout(self._settings.timeout_s):
+                response = await self._upstreams[backend.name].open(
+                    "POST", ABORT_PATH, self._headers(backend), body, stream=False)
+                await response.aclose()
+
+    @staticmethod
+    def _headers(backend: Backend) -> RawHeaders:
         headers: RawHeaders = [_JSON]
         if backend.api_key is not None:
             headers.append((b"authorization", b"Bearer " + backend.api_key.encode()))
-        body = cost_probe_body(self._settings.prompt_tokens, tokens)
+        return headers
+
+    async def _one(self, backend: Backend, pool: Pool, tokens: int,
+                   rid: str) -> ProbeAnswer | None:
+        headers = self._headers(backend)
+        body = cost_probe_body(self._settings.prompt_tokens, tokens, rid)
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._settings.timeout_s):

@@ -43,12 +43,13 @@ _ID_BASE, _ID_SPAN = 1000, 20000
 _salt = itertools.count(1)
 
 
-def cost_probe_body(prompt_tokens: int, max_tokens: int) -> bytes:
+def cost_probe_body(prompt_tokens: int, max_tokens: int, rid: str) -> bytes:
     """A /generate body: `prompt_tokens` token ids no other probe sends, greedy, exactly
-    `max_tokens` output tokens."""
+    `max_tokens` output tokens, SGLang request id `rid` (a cancelled probe is aborted by
+    it: SGLang notices a non-streaming client gone only at its 4 s poll)."""
     salt = next(_salt)
     ids = [_ID_BASE + (salt * 7919 + i * 104729) % _ID_SPAN for i in range(prompt_tokens)]
-    body = {"input_ids": ids,
+    body = {"input_ids": ids, "rid": rid,
             "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True,
                                 "temperature": 0.0}}
     return json.dumps(body, separators=(",", ":")).encode()

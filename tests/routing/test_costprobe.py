@@ -27,8 +27,9 @@ def answer(tokens: int, e2e_s: float, **spec: float) -> bytes:
 
 
 def test_the_body_is_unique_greedy_and_generates_exactly_the_tokens() -> None:
-    a, b = json.loads(cost_probe_body(32, 64)), json.loads(cost_probe_body(32, 64))
+    a, b = json.loads(cost_probe_body(32, 64, "r1")), json.loads(cost_probe_body(32, 64, "r2"))
     assert len(a["input_ids"]) == 32 and a["input_ids"] != b["input_ids"]
+    assert a["rid"] == "r1"
     assert a["sampling_params"] == {"max_new_tokens": 64, "ignore_eos": True,
                                     "temperature": 0.0}
 
