@@ -53,6 +53,8 @@ PRIOR_EAGLE = PolyCurve(10.0, 0.5)
 TRANSFER = (1.7, 5.0)
 #: Pseudo-readings of a seed's level (its ratio of the pools weighs `seed_weight`).
 SEED_LEVEL_WEIGHT = 1.0
+#: Share of a half-life within which a built model is served again (`model`).
+REUSE_HALF_LIFE_SHARE = 1e-3
 #: A reading's batch below this counts as this (an engine that just started a request).
 MIN_BATCH = 1.0
 
@@ -221,8 +223,12 @@ class OnlineCostModel:
     # -- the model -----------------------------------------------------------------------
 
     def model(self, now: float, accept_length: float | None = None) -> LearnedCostModel:
-        """The group's cost model as learned by `now` (readings decayed to then)."""
-        if self._cache is not None and self._cache[0] == now:
+        """The group's cost model as learned by `now` (readings decayed to then). Until a
+        reading arrives the model built within `REUSE_HALF_LIFE_SHARE` of a half-life is
+        served again: decay moves the readings' weights by under 0.07% in that time, and a
+        decision reads the model on every request."""
+        if (self._cache is not None
+                and abs(now - self._cache[0]) <= self.half_life_s * REUSE_HALF_LIFE_SHARE):
             return self._cache[1]
         for fit in self._fits.values():
             fit.decay(now, self.half_life_s)

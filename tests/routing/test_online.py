@@ -157,3 +157,14 @@ def test_a_window_with_an_idle_gap_is_no_reading() -> None:
     v.acquire("b", 1.9)
     learning.sample("b", sample(2.0, 20.0, 1))
     assert learning.learner("g").learned(2.0)["baseline"].readings == 0
+
+
+def test_a_model_is_served_again_until_a_reading_or_a_thousandth_of_a_half_life() -> None:
+    m = OnlineCostModel(half_life_s=300.0)
+    m.observe("eagle", 2, 20.0, 0.0)
+    built = m.model(1.0)
+    assert m.model(1.2) is built and m.model(1.29) is built
+    assert m.model(1.31) is not built  # 0.31 s past it: built again
+    rebuilt = m.model(1.31)
+    m.observe("eagle", 4, 25.0, 1.32)
+    assert m.model(1.32) is not rebuilt
