@@ -221,6 +221,7 @@ async def stream_request(pool: ConnectionPool, path: str, body: bytes, result: R
         result.ttfb = time.perf_counter() - t0
         result.pool = response_headers.get("x-specrouter-pool", "")
         result.backend = response_headers.get("x-specrouter-backend", "")
+        result.reason = response_headers.get("x-specrouter-reason", "")
         if result.status != 200:
             text = b"".join([c async for c in conn.body_chunks(response_headers)])
             result.error = f"HTTP {result.status}: {text[:300].decode(errors='replace')}"

@@ -35,6 +35,7 @@ class RequestResult:
     error: str = ""
     pool: str = ""  # x-specrouter-pool, when a router answered
     backend: str = ""  # x-specrouter-backend
+    reason: str = ""  # x-specrouter-reason
     phase: str = ""
 
     @property
