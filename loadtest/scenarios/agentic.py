@@ -46,7 +46,7 @@ from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_ta
 from loadtest.procs import SimGroup, Stack, flush_cache, served_model, sim_options, sim_state
 from loadtest.scenarios import peer
 from loadtest.scenarios.common import CpuWatch, run_async, saturated
-from loadtest.scenarios.sweep import router_env
+from loadtest.scenarios.sweep import COST_MODEL_CTX, router_env
 from specrouter.sim.profile import load_profile
 
 DEFAULT_TIME_SCALE = 0.0  # 0: each profile's own (AgenticSettings.profile_time_scales)
@@ -76,6 +76,9 @@ SESSION_LIVE_S = 20.0
 # Simulator flags every engine gets when this simulator has them.
 SIM_FLAGS = ("--enable-cache-report",)
 ADAPTIVE_KIND = "adaptive"
+# Sessions per simulated second sampled for the workload's mean context (enough sessions
+# for a stable mean; the shape, not the rate, sets each session's contexts).
+CONTEXT_SAMPLE_RATE = 2.0
 
 
 @dataclass
@@ -99,6 +102,8 @@ class AgenticSettings:
         "seed-coding": 0.08, "h200-llama3-8b": 0.15})
     time_scale: float = 0.1
     token_factor: float = 1.0  # every token size of the workload times this (quick runs)
+    # context (tokens) the router's cost model is built at; 0: the workload's mean
+    cost_model_ctx: int = 0
     seed: int = 7
     # SLO per profile: (TTFT s, TPOT s), simulated seconds
     slo: dict[str, tuple[float, float]] = field(default_factory=lambda: {
@@ -227,6 +232,21 @@ def affinity_env(groups: Sequence[SimGroup], profile: str, scale: float = 1.0
             "SPECROUTER_AFFINITY__SESSION_LIVE_S": repr(SESSION_LIVE_S * scale)}
 
 
+def mean_context_tokens(shape: AgenticShape, seed: int, window_s: float) -> int:
+    """The mean prompt tokens of a turn of this workload (sessions of CONTEXT_SAMPLE_RATE
+    over the window): the context the router's cost model is built at. A step's cost
+    depends on the context (attention reads it), and it moves the crossover: seed-coding
+    ~1.7 requests at 1,200 tokens and ~14 at 30,000; h200-llama3-8b 44 and 17."""
+    sessions = make_sessions(shape, seed, CONTEXT_SAMPLE_RATE, window_s)
+    contexts = [c for session in sessions for c in session.context_tokens]
+    return round(sum(contexts) / len(contexts)) if contexts else COST_MODEL_CTX
+
+
+def router_cost_model_env(profile: str, ctx: int) -> dict[str, str]:
+    """The profile's cost model at the workload's context instead of the sweep's."""
+    return {"SPECROUTER_COST_MODEL": json.dumps({"profile": profile, "ctx": ctx})}
+
+
 def _sim_args(options: str) -> list[str]:
     return [flag for flag in SIM_FLAGS if flag in options]
 
@@ -265,7 +285,9 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
             if config in STATIC:
                 targets = [getattr(g, f"{config}_url") for g in groups]
             elif config.startswith("router"):
+                ctx = s.cost_model_ctx or mean_context_tokens(shape, s.seed, s.window_s)
                 env = {**router_env({}, "router-goodput", scale, profile),
+                       **router_cost_model_env(profile, ctx),
                        **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile, scale)}
                 router = stack.router([b for g in groups for b in g.backends()], env=env)
                 pids["router"] = router.child.pid
@@ -391,12 +413,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated seconds over which sessions arrive")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--token-factor", type=float, default=1.0)
+    parser.add_argument("--cost-model-ctx", type=int, default=0,
+                        help="context tokens of the router's cost model; 0: the "
+                        "workload's mean prompt")
 
 
 def settings_from_args(args: argparse.Namespace) -> AgenticSettings:
     s = AgenticSettings(
         profiles=[p for p in args.profiles.split(",") if p], window_s=args.window,
         configs=[c for c in args.configs.split(",") if c], token_factor=args.token_factor,
+        cost_model_ctx=getattr(args, "cost_model_ctx", 0),
         seed=args.seed, out_dir=args.out)
     if args.time_scale > 0:
         s.profile_time_scales = {p: args.time_scale for p in s.profiles}

@@ -4,6 +4,7 @@ simulated engine, and the scenario's goodput / cached-share / verdict arithmetic
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +20,18 @@ from loadtest.agentic import (
 )
 from loadtest.metrics import SLO, RequestResult
 from loadtest.procs import served_model
-from loadtest.scenarios.agentic import cached_share, level_summary, session_moves, verdict
+from loadtest.scenarios.agentic import (
+    CONTEXT_SAMPLE_RATE,
+    cached_share,
+    level_summary,
+    mean_context_tokens,
+    router_cost_model_env,
+    session_moves,
+    verdict,
+)
 from loadtest.scenarios.common import run_async
+from loadtest.scenarios.sweep import COST_MODEL_CTX
+from specrouter.routing.costsource import CostModelSource, profile_model
 from specrouter.sim.text import chat_prompt_tokens
 from tests.fixtures.sim import SimEngine
 
@@ -174,3 +185,27 @@ def test_player_sends_no_turn_after_its_stop_time() -> None:
     player = Player(["http://127.0.0.1:9"], "m", "system", 0.001, stop_s=0.0)
     turns = run_async(player.play(sessions))
     assert turns == [] and player.unsent_turns == sum(len(s.turns) for s in sessions)
+
+
+def test_the_routers_cost_model_is_built_at_the_workloads_mean_context() -> None:
+    sessions = make_sessions(SHAPE, 7, CONTEXT_SAMPLE_RATE, 30.0)
+    contexts = [c for s in sessions for c in s.context_tokens]
+    ctx = mean_context_tokens(SHAPE, 7, 30.0)
+    assert ctx == round(sum(contexts) / len(contexts))
+    assert 20_000 < ctx < 40_000  # the agentic contexts, not the sweep's 1,200 tokens
+    source = CostModelSource.model_validate(
+        json.loads(router_cost_model_env("seed-coding", ctx)["SPECROUTER_COST_MODEL"]))
+    assert source.ctx == ctx
+
+
+def test_at_agentic_contexts_light_load_stays_on_eagle_on_seed_coding() -> None:
+    """seed-coding's crossover at the sweep's short context is under two requests, so
+    the goodput strategy moved a group of two or three sessions to the baseline (and
+    their prefixes with it); at the workload's context it is past a dozen."""
+    sweep = profile_model("seed-coding", ctx=COST_MODEL_CTX)
+    agentic = profile_model("seed-coding", ctx=mean_context_tokens(SHAPE, 7, 30.0))
+    accept = sweep.nominal_accept_length
+    short = sweep.crossover(accept)
+    assert short is not None and short < 2
+    crossover = agentic.crossover(accept)
+    assert crossover is not None and crossover > 10
