@@ -103,7 +103,8 @@ class AgenticSettings:
     time_scale: float = 0.1
     token_factor: float = 1.0  # every token size of the workload times this (quick runs)
     # context (tokens) the router's cost model is built at; 0: the workload's mean
-    cost_model_ctx: int = 0
+    # (docs/policy.md §9: right for seed-coding at light load, costly for h200 at 2.0/s)
+    cost_model_ctx: int = COST_MODEL_CTX
     seed: int = 7
     # SLO per profile: (TTFT s, TPOT s), simulated seconds
     slo: dict[str, tuple[float, float]] = field(default_factory=lambda: {
@@ -413,7 +414,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated seconds over which sessions arrive")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--token-factor", type=float, default=1.0)
-    parser.add_argument("--cost-model-ctx", type=int, default=0,
+    parser.add_argument("--cost-model-ctx", type=int, default=COST_MODEL_CTX,
                         help="context tokens of the router's cost model; 0: the "
                         "workload's mean prompt")
 
@@ -422,7 +423,7 @@ def settings_from_args(args: argparse.Namespace) -> AgenticSettings:
     s = AgenticSettings(
         profiles=[p for p in args.profiles.split(",") if p], window_s=args.window,
         configs=[c for c in args.configs.split(",") if c], token_factor=args.token_factor,
-        cost_model_ctx=getattr(args, "cost_model_ctx", 0),
+        cost_model_ctx=getattr(args, "cost_model_ctx", COST_MODEL_CTX),
         seed=args.seed, out_dir=args.out)
     if args.time_scale > 0:
         s.profile_time_scales = {p: args.time_scale for p in s.profiles}

@@ -3,6 +3,7 @@ simulated engine, and the scenario's goodput / cached-share / verdict arithmetic
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 from collections.abc import Callable
@@ -22,11 +23,13 @@ from loadtest.metrics import SLO, RequestResult
 from loadtest.procs import served_model
 from loadtest.scenarios.agentic import (
     CONTEXT_SAMPLE_RATE,
+    add_arguments,
     cached_share,
     level_summary,
     mean_context_tokens,
     router_cost_model_env,
     session_moves,
+    settings_from_args,
     verdict,
 )
 from loadtest.scenarios.common import run_async
@@ -187,7 +190,7 @@ def test_player_sends_no_turn_after_its_stop_time() -> None:
     assert turns == [] and player.unsent_turns == sum(len(s.turns) for s in sessions)
 
 
-def test_the_routers_cost_model_is_built_at_the_workloads_mean_context() -> None:
+def test_the_routers_cost_model_can_be_built_at_the_workloads_mean_context() -> None:
     sessions = make_sessions(SHAPE, 7, CONTEXT_SAMPLE_RATE, 30.0)
     contexts = [c for s in sessions for c in s.context_tokens]
     ctx = mean_context_tokens(SHAPE, 7, 30.0)
@@ -209,3 +212,15 @@ def test_at_agentic_contexts_light_load_stays_on_eagle_on_seed_coding() -> None:
     assert short is not None and short < 2
     crossover = agentic.crossover(accept)
     assert crossover is not None and crossover > 10
+
+
+def test_the_cost_model_context_is_the_sweeps_unless_asked() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    common = ["--profiles", "seed-coding"]
+    args = parser.parse_args(common)
+    args.seed, args.out, args.time_scale, args.quick = 7, None, 0.0, False
+    assert settings_from_args(args).cost_model_ctx == COST_MODEL_CTX
+    args = parser.parse_args([*common, "--cost-model-ctx", "0"])
+    args.seed, args.out, args.time_scale, args.quick = 7, None, 0.0, False
+    assert settings_from_args(args).cost_model_ctx == 0  # 0: mean_context_tokens
