@@ -530,6 +530,8 @@ AGENTIC_LABELS = {
     "baseline": "baseline servers only, each session pinned to one",
     "router-noaffinity": "specrouter (goodput strategy, profile cost model), affinity off",
     "router": "specrouter (goodput strategy, profile cost model), prefix/session affinity",
+    "router-online": "specrouter as a new user gets it (online strategy, cost learned from "
+                     "telemetry, no calibration), prefix/session affinity",
     "sglang-cache_aware": "sglang-router --policy cache_aware over the 4 servers",
     "sglang-round_robin": "sglang-router --policy round_robin over the 4 servers",
     "adaptive": "one adaptive-speculation engine per GPU (whole memory), sessions pinned",

@@ -45,12 +45,19 @@ from loadtest.agentic import (
 from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
 from loadtest.procs import SimGroup, Stack, flush_cache, served_model, sim_options, sim_state
 from loadtest.scenarios import peer
-from loadtest.scenarios.common import CpuWatch, run_async, saturated
+from loadtest.scenarios.common import (
+    CpuWatch,
+    router_time_env,
+    run_async,
+    saturated,
+    scaled_policy,
+)
 from loadtest.scenarios.sweep import COST_MODEL_CTX, router_env
 from specrouter.sim.profile import load_profile
 
 DEFAULT_TIME_SCALE = 0.0  # 0: each profile's own (AgenticSettings.profile_time_scales)
-CONFIGS = ("eagle", "baseline", "router-noaffinity", "router", "sglang-cache_aware",
+CONFIGS = ("eagle", "baseline", "router-noaffinity", "router", "router-online",
+           "sglang-cache_aware",
            "sglang-round_robin", "adaptive")
 STATIC = ("eagle", "baseline")
 PROFILES = ("seed-coding", "h200-llama3-8b")
@@ -68,6 +75,7 @@ CACHED_SHARE_POINTS = 5.0
 ROUTER_AFFINITY_ENV: dict[str, dict[str, str]] = {
     "router-noaffinity": {"SPECROUTER_AFFINITY__ENABLED": "false"},
     "router": {"SPECROUTER_AFFINITY__ENABLED": "true"},
+    "router-online": {"SPECROUTER_AFFINITY__ENABLED": "true"},
 }
 SESSION_HEADER = "x-session-id"
 # A session's think time is at most 15 simulated s and a turn under load takes seconds:
@@ -252,6 +260,18 @@ def _sim_args(options: str) -> list[str]:
     return [flag for flag in SIM_FLAGS if flag in options]
 
 
+def router_strategy_env(config: str, profile: str, scale: float, s: AgenticSettings,
+                        shape: AgenticShape) -> dict[str, str]:
+    """`router-online`: the router's default strategy, no cost model (what a new user
+    gets); the other router configs: the goodput strategy with the profile's model."""
+    if config == "router-online":
+        return {**router_time_env(scale),
+                "SPECROUTER_POLICY": json.dumps(scaled_policy({}, scale))}
+    ctx = s.cost_model_ctx or mean_context_tokens(shape, s.seed, s.window_s)
+    return {**router_env({}, "router-goodput", scale, profile),
+            **router_cost_model_env(profile, ctx)}
+
+
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if v is None or before.get(k) is None else v - before[k])
             for k, v in after.items()}
@@ -286,9 +306,7 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
             if config in STATIC:
                 targets = [getattr(g, f"{config}_url") for g in groups]
             elif config.startswith("router"):
-                ctx = s.cost_model_ctx or mean_context_tokens(shape, s.seed, s.window_s)
-                env = {**router_env({}, "router-goodput", scale, profile),
-                       **router_cost_model_env(profile, ctx),
+                env = {**router_strategy_env(config, profile, scale, s, shape),
                        **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile, scale)}
                 router = stack.router([b for g in groups for b in g.backends()], env=env)
                 pids["router"] = router.child.pid

@@ -23,11 +23,13 @@ from loadtest.metrics import SLO, RequestResult
 from loadtest.procs import served_model
 from loadtest.scenarios.agentic import (
     CONTEXT_SAMPLE_RATE,
+    AgenticSettings,
     add_arguments,
     cached_share,
     level_summary,
     mean_context_tokens,
     router_cost_model_env,
+    router_strategy_env,
     session_moves,
     settings_from_args,
     verdict,
@@ -199,6 +201,16 @@ def test_the_routers_cost_model_can_be_built_at_the_workloads_mean_context() -> 
     source = CostModelSource.model_validate(
         json.loads(router_cost_model_env("seed-coding", ctx)["SPECROUTER_COST_MODEL"]))
     assert source.ctx == ctx
+
+
+def test_router_online_is_the_default_router_and_the_others_use_goodput() -> None:
+    s = AgenticSettings()
+    online = router_strategy_env("router-online", "seed-coding", 0.08, s, SHAPE)
+    assert "SPECROUTER_COST_MODEL" not in online
+    assert "strategy" not in json.loads(online["SPECROUTER_POLICY"])
+    goodput = router_strategy_env("router", "seed-coding", 0.08, s, SHAPE)
+    assert json.loads(goodput["SPECROUTER_POLICY"])["strategy"] == "goodput"
+    assert json.loads(goodput["SPECROUTER_COST_MODEL"])["profile"] == "seed-coding"
 
 
 def test_at_agentic_contexts_light_load_stays_on_eagle_on_seed_coding() -> None:
