@@ -17,7 +17,7 @@ from specrouter.backends import POOL_HEADER, Backend, Pool, other_pool
 from specrouter.config import AdmissionSettings, AffinitySettings
 from specrouter.errors import RouterError
 from specrouter.observe.loadview import BackendView, GroupView, LoadSignal
-from specrouter.routing.affinity.pricing import hold_pool
+from specrouter.routing.affinity.pricing import hold_pool, keep_group_pool
 from specrouter.routing.affinity.tracker import (
     AffinityTracker,
     group_affinity,
@@ -263,6 +263,9 @@ class LoadAwareRouter:
                           now, self._cost_models.get(group.name))
         held = lookup.held if lookup is not None else {}
         if lookup is not None and decision.reason in STRATEGIES[policy.strategy].reasons:
+            before = self._states[group.name]
+            decision = keep_group_pool(decision, before.pool, before.since, group, lookup,
+                                       self._prices)
             decision = hold_pool(decision, group, lookup, self._prices)
         recalls = self._recall_unstarted and decision.recalls
         if (recalls and self._states[group.name].pool == "eagle"

@@ -36,6 +36,12 @@ the request `load_ms` for each request already there (its decode steps are share
   time-sliced, so a request kept on the other server holds up every request on the
   strategy's for its whole answer, a cost it shares with the requests already there.
   Otherwise new sessions follow the strategy.
+- Group switch: when the strategy switches a group's pool, the live sessions on the old
+  pool's servers (`footprint`) follow it, each turn re-prefilling its whole context on
+  the shared GPU: the two pools do not run side by side for long (`mixing_ms`). The
+  switch is kept back (`affinity_keep_<pool>`) while that re-prefill costs more than
+  what the new pool saves on one answer of every request in the group and of every
+  live session it moves (sessions of `footprint` counted at this prompt's size).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ if TYPE_CHECKING:
 #: The reasons the affinity override gives (part of pool_choice.REASONS).
 AFFINITY_REASONS: tuple[str, ...] = (
     "affinity_hold_baseline", "affinity_hold_eagle", "affinity_room_baseline",
-    "affinity_room_eagle")
+    "affinity_room_eagle", "affinity_keep_baseline", "affinity_keep_eagle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,3 +186,29 @@ def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
         return decision
     reason = f"affinity_hold_{other}" if holds else f"affinity_room_{other}"
     return replace(decision, pool=other, reason=reason, recalls=False)
+
+
+def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: float,
+                    group: GroupView, lookup: Lookup, prices: AffinityPrices) -> Decision:
+    """`decision`, or the group kept on `previous_pool` when the strategy switches it
+    away and the live sessions on `previous_pool`'s servers would re-prefill more than
+    the switch gains (module docstring, group switch). Only for a request with a session
+    key (the footprint is known) and a strategy that predicts both pools (the gain is
+    their difference); the group's accept estimate is kept either way."""
+    if decision.pool == previous_pool or decision.state.pool == previous_pool:
+        return decision
+    predictions = decision.predictions
+    if lookup.footprint is None or predictions is None or len(predictions) < 2:
+        return decision
+    moved = sum(max(0.0, lookup.footprint.get(b.name, 0.0))
+                for b in group.healthy_servers(previous_pool))
+    if moved <= 0:
+        return decision
+    sessions = moved / max(lookup.prompt_tokens, 1.0)
+    gain = (decision.load + 1.0 + sessions) * pool_saving_ms(decision.pool, predictions,
+                                                             prices)
+    if switch_cost_ms(moved, decision.load, prices) <= gain:
+        return decision
+    state = replace(decision.state, pool=previous_pool, since=previous_since)
+    return replace(decision, pool=previous_pool, state=state,
+                   reason=f"affinity_keep_{previous_pool}", recalls=False)

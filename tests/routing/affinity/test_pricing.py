@@ -7,6 +7,7 @@ from specrouter.routing.affinity.pricing import (
     AffinityPrices,
     GroupAffinity,
     hold_pool,
+    keep_group_pool,
     placement_tokens,
     pool_saving_ms,
     switch_cost_ms,
@@ -154,3 +155,44 @@ def test_a_held_session_pays_for_running_beside_the_strategys_pool() -> None:
     shared = hold_pool(decision("baseline", predictions=light),
                        group("g0", eagle=19, base=8), held, PRICES)
     assert (shared.pool, shared.reason) == ("eagle", "affinity_hold_eagle")
+
+
+def switching(to: str, load: float = 3.0,
+              predictions: dict[str, PoolPrediction] | None = None) -> Decision:
+    return Decision(to, f"strategy_{to}", GroupState(to, 50.0), load,  # type: ignore[arg-type]
+                    predictions, recalls=True)  # type: ignore[arg-type]
+
+
+def test_a_switch_that_moves_live_sessions_is_kept_back_while_their_prefill_costs_more(
+) -> None:
+    near = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 9.0)}
+    live = look({}, prompt=30_000.0, footprint={"g0-eagle": 90_000.0, "g0-base": 0.0},
+                caches={"g0-eagle": 4e5, "g0-base": 4e5})
+    # three 30k sessions on EAGLE-3: 90k x 0.02 x (1 + 3) = 7200 ms of re-prefill against
+    # (3 + 1 + 3) x 256 x 1 ms = 1792 ms saved: the group stays on EAGLE-3
+    out = keep_group_pool(switching("baseline", predictions=near), "eagle", 7.0, group("g0"),
+                          live, PRICES)
+    assert (out.pool, out.reason, out.recalls) == ("eagle", "affinity_keep_eagle", False)
+    assert (out.state.pool, out.state.since) == ("eagle", 7.0)
+    # far past the crossover the baseline saves 30 ms a token: 53760 ms, the group switches
+    far = {"eagle": pred("eagle", 40.0), "baseline": pred("baseline", 10.0)}
+    out = keep_group_pool(switching("baseline", predictions=far), "eagle", 7.0, group("g0"),
+                          live, PRICES)
+    assert (out.pool, out.state.pool, out.reason) == ("baseline", "baseline", "strategy_baseline")
+
+
+def test_a_switch_without_live_sessions_or_session_key_is_followed() -> None:
+    near = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 9.0)}
+    d = switching("baseline", predictions=near)
+    # no live session on the old pool's server
+    empty = look({}, prompt=30_000.0, footprint={"g0-base": 90_000.0}, caches={})
+    assert keep_group_pool(d, "eagle", 7.0, group("g0"), empty, PRICES) is d
+    # no session key: no footprint
+    assert keep_group_pool(d, "eagle", 7.0, group("g0"), look({"g0-eagle": 3e4}), PRICES) is d
+    # a strategy without predictions (threshold): nothing to weigh the re-prefill against
+    live = look({}, prompt=30_000.0, footprint={"g0-eagle": 90_000.0}, caches={})
+    blind = switching("baseline")
+    assert keep_group_pool(blind, "eagle", 7.0, group("g0"), live, PRICES) is blind
+    # not a switch: the group was already on the baseline
+    live = look({}, prompt=30_000.0, footprint={"g0-base": 90_000.0}, caches={})
+    assert keep_group_pool(d, "baseline", 7.0, group("g0"), live, PRICES) is d
