@@ -183,14 +183,15 @@ def _peer(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return {**result, **overhead.side_by_side(s, (peer.PEER_KEY, peer.start_sglang_router))}
 
 
-def _merge_meta(out: Path, command: str, elapsed_s: float) -> dict[str, Any]:
-    """When / on what / by which commands the results in `out` were measured. A second
-    run into the same folder (e.g. `--only trace`) adds its command and time."""
+def _merge_meta(out: Path, command: str, started: str, commit: str,
+                elapsed_s: float) -> dict[str, Any]:
+    """When / on what / by which commands the results in `out` were measured: the time
+    and commit a run started at (code landing during a run is not what it measured). A
+    second run into the same folder (e.g. `--only trace`) adds its command and time."""
     path = out / "meta.json"
     meta: dict[str, Any] = (json.loads(path.read_text(encoding="utf-8")) if path.is_file()
-                            else {"started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
-                                  "commands": [], "elapsed_s": 0.0, "commit": ""})
-    commit = report.git_commit()
+                            else {"started": started, "commands": [], "elapsed_s": 0.0,
+                                  "commit": ""})
     if meta["commit"] and meta["commit"] != commit:
         commit = f"{meta['commit']}, then {commit}"
     meta.update(commit=commit, elapsed_s=float(meta["elapsed_s"]) + elapsed_s,
@@ -251,9 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
     else:
         command = "python -m loadtest.bench " + " ".join(sys.argv[1:] if argv is None else argv)
-        started = time.monotonic()
+        started, commit = datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), report.git_commit()
+        began = time.monotonic()
         results = run_all(args, out)
-        meta = _merge_meta(out, command, time.monotonic() - started)
+        meta = _merge_meta(out, command, started, commit, time.monotonic() - began)
         results = {**load_results(out), **results}
     report_path = Path(args.report)
     report_path.parent.mkdir(parents=True, exist_ok=True)
