@@ -239,7 +239,6 @@ class CostProber:
                 self._not_before[group, pool] = self._monitor.clock() + _FAILED_RETRY_S
                 return None
             learner.observe(pool, batch, ms, self._monitor.clock(), PROBE_WEIGHT, probe=True)
-            learner.note_probe(pool, "read")
             log.info("cost probe of %s (%s, group %s) at batch %d: %.3f ms a step",
                      backend.name, pool, group, batch, ms)
         return ms

@@ -79,7 +79,6 @@ class _Fit:
     sums: list[float] = field(default_factory=lambda: [0.0] * 9)
     at: float | None = None
     readings: int = 0
-    probes: int = 0  # of the readings, those a cost probe measured
     low: float = math.inf
     high: float = 0.0
 
@@ -172,7 +171,8 @@ class OnlineCostModel:
     def observe(self, pool: Pool, batch: float, step_ms: float, now: float,
                 weight: float = 1.0, *, probe: bool = False) -> None:
         """A solo window of `pool`: `batch` requests decoding, steps of `step_ms`
-        (`probe`: measured by a cost probe, not by the pool's telemetry)."""
+        (`probe`: measured by a cost probe, not by the pool's telemetry; counted as the
+        probe's `read` outcome)."""
         if not (step_ms > 0 and math.isfinite(step_ms) and batch > 0 and weight > 0):
             return
         batch = max(MIN_BATCH, batch)
@@ -191,7 +191,8 @@ class OnlineCostModel:
                     s[3 + i * 2 + j] += weight * phi_i * phi_j
                 s[7 + i] += weight * phi_i * step_ms
         fit.readings += 1
-        fit.probes += probe
+        if probe:
+            self.note_probe(pool, "read")
         fit.low, fit.high = min(fit.low, batch), max(fit.high, batch)
         self._cache = None
 
@@ -235,7 +236,8 @@ class OnlineCostModel:
         e, b = self._curves()
         pools: dict[Pool, LearnedPool] = {
             pool: LearnedPool(curve, fit.readings, fit.weight, self.prior_weight,
-                              None if fit.readings == 0 else (fit.low, fit.high), fit.probes)
+                              None if fit.readings == 0 else (fit.low, fit.high),
+                              self.probes.get((pool, "read"), 0))
             for pool, curve, fit in _by_pool(e, b, self._fits)}
         model = LearnedCostModel(b, e, self.nominal_accept_length, self.max_batch["baseline"],
                                  self.max_batch["eagle"], pools, self.seed is not None,
