@@ -457,6 +457,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="arrivals span at least the time these take at saturation")
     parser.add_argument("--no-burst", action="store_true")
     parser.add_argument("--no-calibrate", action="store_true")
+    parser.add_argument("--router-env", type=json.loads, default={}, metavar="JSON",
+                        help="extra environment of every router config, on top of the "
+                             """config's own, e.g. '{"SPECROUTER_POLICY": "..."}'""")
 
 
 def settings_from_args(args: argparse.Namespace) -> OpenLoopSettings:
@@ -469,7 +472,7 @@ def settings_from_args(args: argparse.Namespace) -> OpenLoopSettings:
         min_requests=args.min_requests, saturation_requests=args.saturation_requests,
         burst=not args.no_burst,
         calibrate=not args.no_calibrate, seed=args.seed, progress=not args.no_progress,
-        out_dir=args.out)
+        router_env=dict(args.router_env), out_dir=args.out)
     if args.fractions:
         s.fractions = [float(x) for x in args.fractions.split(",") if x]
         s.profile_fractions = {}

@@ -3,6 +3,7 @@ verdict arithmetic, and one tiny run end to end (simulator, router, report, plot
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
@@ -212,3 +213,15 @@ def test_configs_differ_only_by_what_a_user_would_set(tmp_path: Path) -> None:
     assert json.loads(goodput["SPECROUTER_POLICY"])["strategy"] == "goodput"
     assert json.loads(goodput["SPECROUTER_POLICY"])["switch_up"] == 0.7
     assert json.loads(goodput["SPECROUTER_COST_MODEL"])["profile"] == "seed-coding"
+
+
+def test_router_env_from_the_command_line_reaches_every_router_config() -> None:
+    parser = argparse.ArgumentParser()
+    openloop.add_arguments(parser)
+    policy = json.dumps({"mode": "auto", "strategy": "threshold", "switch_up": 8})
+    args = parser.parse_args(["--router-env", json.dumps({"SPECROUTER_POLICY": policy})])
+    args.seed, args.out, args.quick, args.no_progress = 7, None, False, True
+    assert openloop.settings_from_args(args).router_env == {"SPECROUTER_POLICY": policy}
+    args = parser.parse_args([])
+    args.seed, args.out, args.quick, args.no_progress = 7, None, False, True
+    assert openloop.settings_from_args(args).router_env == {}
