@@ -67,7 +67,8 @@ def build_product(
     holder = (policy if policy is not None else
               state.holder if state is not None else LocalPolicyHolder(initial_policy(settings)))
     health = HealthChecker(backends, settings.health, settings.breaker)
-    monitor = BackendMonitor(backends, health, settings.telemetry, state)
+    monitor = BackendMonitor(backends, health, settings.telemetry, state,
+                             prefill_ms_per_token=settings.affinity.prefill_ms_per_token)
     router = LoadAwareRouter(
         monitor, holder, settings.admission, metrics=metrics,
         cost_models=settings.group_cost_models() if cost_models is None else cost_models,

@@ -309,7 +309,10 @@ class AffinitySettings(_Section):
     group its key hashes to, so that every replica agrees. A session seen within
     `session_live_s` counts against its server's cache: a new prefix that would push
     live sessions out of a full cache is priced as their re-prefill. `bytes_per_token`
-    converts body bytes into tokens.
+    converts body bytes into tokens. The online cost model also takes its telemetry
+    readings net of the prefill the router sent (`prefill_ms_per_token` times the
+    uncached prompt tokens: routing/learning.py); with affinity off it has no prompt
+    estimate and takes them whole.
     """
 
     enabled: bool = True

@@ -7,15 +7,31 @@ decisions. No I/O: samples and times come in.
 The sustained load is a time-weighted exponential average of the router's in-flight
 count of the group, with time constant `sustained_s`: a short overlap of two requests
 moves it little, a load held for a few time constants moves it all the way.
+
+A window's wall time holds its `DECODE_LOG_BATCHES` decode steps and the prefill batches
+run between them, so its step reads dear by the prefill's time over the steps. That time
+grows with the arrival rate and so with the load: uncorrected, a pool read under
+traffic (unique prompts at 12.5 req/s on H200: a third of the GPU's time) looks dearer
+than one read idle by a cost probe, and the model prefers the pool read least. Each
+reading is taken net of the prefill the router sent its engine within the window: the
+uncached prompt tokens by the router's estimate (`Target.prefill_tokens`) times
+`prefill_ms_per_token`.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from specrouter.observe.loadview import ACCEPT_MAX_AGE_S, BackendLoad, EngineSample, LoadView
+from specrouter.observe.loadview import (
+    ACCEPT_MAX_AGE_S,
+    HISTORY_S,
+    BackendLoad,
+    EngineSample,
+    LoadView,
+)
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.online import LearnedCostModel, OnlineCostModel, step_ms
 
@@ -23,6 +39,29 @@ from specrouter.routing.online import LearnedCostModel, OnlineCostModel, step_ms
 #: the window (SGLang's wall time would otherwise include idle gaps); for a mixed reading
 #: the other engine too, and for a solo one the other had none at any moment.
 BUSY_SHARE = 0.95
+#: SGLang sets `gen_throughput` at every this many decode batches (its decode log
+#: interval, 40 by default): a window is that many steps plus the prefills between them.
+DECODE_LOG_BATCHES = 40
+#: A window whose estimated prefill takes more than this share of it is no reading: the
+#: step left would rest more on the estimate than on the engine's figure.
+MAX_PREFILL_SHARE = 0.6
+
+
+@dataclass
+class PrefillLog:
+    """The uncached prompt tokens the router sent one backend, by time (HISTORY_S kept)."""
+
+    admitted: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def record(self, now: float, tokens: float) -> None:
+        if tokens > 0:
+            self.admitted.append((now, tokens))
+        while self.admitted and self.admitted[0][0] <= now - HISTORY_S:
+            self.admitted.popleft()
+
+    def tokens(self, start: float, end: float) -> float:
+        """Tokens sent within (start, end]."""
+        return sum(n for t, n in self.admitted if start < t <= end)
 
 
 @dataclass
@@ -67,9 +106,12 @@ class CostLearning:
     """Per group: its online cost model and its sustained load. One event loop."""
 
     def __init__(self, view: LoadView, *, half_life_s: float = 300.0,
-                 prior_weight: float = 4.0, sustained_s: float = 5.0) -> None:
+                 prior_weight: float = 4.0, sustained_s: float = 5.0,
+                 prefill_ms_per_token: float = 0.0) -> None:
         self.view = view
         self.half_life_s, self.prior_weight = half_life_s, prior_weight
+        self.prefill_ms_per_token = prefill_ms_per_token
+        self._prefills: dict[str, PrefillLog] = {}
         groups = view.group_names()
         self._learners = {g: OnlineCostModel(half_life_s=half_life_s, prior_weight=prior_weight)
                           for g in groups}
@@ -109,6 +151,10 @@ class CostLearning:
         count = sum(b.inflight for b in self.view.backends.values() if b.group == group)
         self._sustained[group].step(now, float(count))
 
+    def admitted(self, backend: str, now: float, prefill_tokens: float) -> None:
+        """A request went to `backend` with this many prompt tokens to prefill there."""
+        self._prefills.setdefault(backend, PrefillLog()).record(now, prefill_tokens)
+
     def sample(self, backend: str, sample: EngineSample) -> None:
         """A telemetry sample of `backend`: a new engine window is a reading (each window
         once: SGLang's gauge keeps its value until the next decode log)."""
@@ -139,6 +185,14 @@ class CostLearning:
             return
         others = [o for o in self.view.backends.values()
                   if o.group == b.group and o.pool != b.pool]
+        # the engine's windows end at its decode logs, which a poll sees half an interval
+        # late on average: the prefills of the window were sent that much earlier
+        lag = self.view.poll_interval / 2
+        prefill = sum(log.tokens(prev[1] - lag, end - lag) for o in (b, *others)
+                      if (log := self._prefills.get(o.name)) is not None)
+        ms = self._net_of_prefill(ms, prefill)
+        if ms is None:
+            return
         other_busy = max((o.history.busy_share(start, end) for o in others), default=0.0)
         engine_busy = any(o.sample is not None and o.sample.total > 0
                           and o.sample.received_at >= start for o in others)
@@ -149,6 +203,14 @@ class CostLearning:
             eagle, base = (batch, other_batch) if b.pool == "eagle" else (other_batch, batch)
             accept = self._accept(others[0], end) if b.pool == "baseline" else tokens
             learner.observe_mixed(eagle, base, ms, accept or learner.nominal_accept_length, end)
+
+    def _net_of_prefill(self, window_step_ms: float, prefill_tokens: float) -> float | None:
+        """A window's step without its share of the prefill sent within it (None: the
+        prefill would be most of the window)."""
+        prefill_ms = prefill_tokens * self.prefill_ms_per_token / DECODE_LOG_BATCHES
+        if prefill_ms > MAX_PREFILL_SHARE * window_step_ms:
+            return None
+        return window_step_ms - prefill_ms
 
     def _tokens_per_step(self, b: BackendLoad, now: float) -> float | None:
         return 1.0 if b.pool == "baseline" else self._accept(b, now)

@@ -146,7 +146,7 @@ class LoadAwareRouter:
         return target
 
     def acquire(self, target: Target) -> None:
-        self.monitor.acquire(id(target), target.backend.name)
+        self.monitor.acquire(id(target), target.backend.name, target.prefill_tokens)
         self._recalls.track(target)
 
     def release(self, target: Target) -> None:
@@ -289,7 +289,10 @@ class LoadAwareRouter:
                           decision.probe_tokens)
             if self._metrics is not None:
                 self._metrics.observe_probe(eagle.name)
-        return Target(group.name, decision.pool, backend, decision.reason, probe, recall)
+        prefill = (0.0 if request.prefix is None
+                   else max(0.0, request.prefix.prompt_tokens - held.get(backend.name, 0.0)))
+        return Target(group.name, decision.pool, backend, decision.reason, probe, recall,
+                      prefill)
 
     def _route_pool(
         self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal

@@ -30,6 +30,7 @@ class BackendMonitor:
         telemetry: TelemetrySettings | None = None,
         state: SharedState | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prefill_ms_per_token: float = 0.0,
     ) -> None:
         telemetry = telemetry if telemetry is not None else TelemetrySettings()
         self.backends = tuple(backends)
@@ -43,7 +44,8 @@ class BackendMonitor:
             self.view.add_backend(b.name, b.group, b.pool)
         self.learning = CostLearning(self.view, half_life_s=telemetry.learn_half_life_s,
                                      prior_weight=telemetry.learn_prior_weight,
-                                     sustained_s=telemetry.sustained_s)
+                                     sustained_s=telemetry.sustained_s,
+                                     prefill_ms_per_token=prefill_ms_per_token)
         self.poller: TelemetryPoller | None = None
         if telemetry.enabled:
             self.poller = TelemetryPoller(
@@ -71,10 +73,12 @@ class BackendMonitor:
         view = self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
         return replace(view, sustained=self.learning.sustained(name, now))
 
-    def acquire(self, key: int, backend: str) -> None:
+    def acquire(self, key: int, backend: str, prefill_tokens: float = 0.0) -> None:
+        """A request goes to `backend` with `prefill_tokens` uncached prompt tokens."""
         now = self.clock()
         self.view.acquire(backend, now)
         self.learning.inflight_changed(backend, now)
+        self.learning.admitted(backend, now, prefill_tokens)
         if self.cluster is not None:
             self.cluster.acquire(key, backend)
 

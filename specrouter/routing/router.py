@@ -80,6 +80,9 @@ class Target:
     # it has not sent its first byte yet (the group switched pools meanwhile): the proxy
     # then closes the upstream request and asks `choose` again with `recalled=True`.
     recall: RecallEvent | None = None
+    # the prompt tokens `backend` is estimated to prefill (its cached prefix left out),
+    # which the cost model's readings are taken net of (routing/learning.py)
+    prefill_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,17 @@ on sustained load (monitor -> learning -> online strategy -> GET /policy)."""
 from __future__ import annotations
 
 from specrouter.backends import Backend
-from specrouter.config import AdmissionSettings, HealthSettings, TelemetrySettings
+from specrouter.config import (
+    AdmissionSettings,
+    AffinitySettings,
+    HealthSettings,
+    TelemetrySettings,
+)
 from specrouter.control.holder import LocalPolicyHolder
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.observe.health import HealthChecker
 from specrouter.observe.loadview import EngineSample
+from specrouter.routing.affinity.keys import PrefixKeys
 from specrouter.routing.loadaware import LoadAwareRouter
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy
@@ -27,7 +33,8 @@ class Clock:
         return self.now
 
 
-def make() -> tuple[LoadAwareRouter, BackendMonitor, Clock]:
+def make(affinity: AffinitySettings | None = None
+         ) -> tuple[LoadAwareRouter, BackendMonitor, Clock]:
     clock = Clock()
     health = HealthChecker(GROUP, HealthSettings(enabled=False),
                            BreakerConfig(failure_threshold=2, cooldown_s=5.0,
@@ -35,7 +42,8 @@ def make() -> tuple[LoadAwareRouter, BackendMonitor, Clock]:
     monitor = BackendMonitor(GROUP, health, TelemetrySettings(enabled=False, sustained_s=5.0),
                              clock=clock)
     router = LoadAwareRouter(monitor, LocalPolicyHolder(Policy()),
-                             AdmissionSettings(arrival_window_ms=0), rng=None)
+                             AdmissionSettings(arrival_window_ms=0), rng=None,
+                             affinity=affinity)
     return router, monitor, clock
 
 
@@ -71,3 +79,17 @@ def test_eagle_windows_teach_the_router_and_sustained_load_moves_the_group() -> 
     clock.now += 10.0  # five requests held: waiting for EAGLE-3 to idle costs more
     t = router.choose(CHAT)
     assert (t.pool, t.reason) == ("baseline", "online_baseline")
+
+
+def test_a_target_carries_the_prompt_tokens_its_backend_has_not_cached() -> None:
+    router, monitor, clock = make(AffinitySettings(block_bytes=512))
+    prompt = PrefixKeys(tuple(range(8)), 128.0, 1000.0)  # 8 blocks of 128 tokens
+    first = router.choose(RequestInfo("/v1/chat/completions", prefix=prompt))
+    assert first.prefill_tokens == 1000.0
+    router.acquire(first)
+    # the same prompt again: the backend holds its 8 blocks, 1,000 tokens (the estimate)
+    again = router.choose(RequestInfo("/v1/chat/completions", prefix=prompt))
+    assert again.backend == first.backend and again.prefill_tokens == 0.0
+    assert router.choose(CHAT).prefill_tokens == 0.0  # no prompt estimate: nothing
+    # what the router sent is what the readings are taken net of
+    assert monitor.learning._prefills[first.backend.name].tokens(0.0, clock.now) == 1000.0

@@ -148,6 +148,31 @@ def test_windows_of_a_busy_engine_with_the_other_idle_are_solo_readings() -> Non
     assert learning.learner("g").learned(2.5)["baseline"].readings == 1
 
 
+def baseline_step_read(prefill_tokens: float, ms_per_token: float = 0.02) -> float | None:
+    """The step one 25 ms window of 4 baseline requests reads when the router sent
+    `prefill_tokens` uncached prompt tokens to the engine within it (None: no reading)."""
+    v = group_view()
+    learning = CostLearning(v, prefill_ms_per_token=ms_per_token)
+    for _ in range(4):
+        v.acquire("b", 0.0)
+    learning.sample("b", sample(0.5, 100.0))
+    learning.admitted("b", 0.2, 5000.0)  # before the window: not in it
+    learning.admitted("b", 1.0, prefill_tokens)
+    learning.sample("b", sample(1.5, 160.0))  # 4 requests at 160 tok/s: 25 ms a window step
+    fit = learning.learner("g")._fits["baseline"]
+    mean = fit.mean()
+    return None if mean is None else mean[1]
+
+
+def test_a_window_is_read_net_of_the_prefill_sent_within_it() -> None:
+    assert baseline_step_read(0.0) == pytest.approx(25.0)
+    # 2,000 tokens at 0.02 ms: 40 ms of prefill among the window's 40 decode steps
+    assert baseline_step_read(2000.0) == pytest.approx(24.0)
+    assert baseline_step_read(2000.0, ms_per_token=0.0) == pytest.approx(25.0)
+    # prefill estimated at 64% of the window: the step left is no reading
+    assert baseline_step_read(32_000.0) is None
+
+
 def test_a_window_with_an_idle_gap_is_no_reading() -> None:
     v = group_view()
     learning = CostLearning(v)
