@@ -197,8 +197,10 @@ class TelemetrySettings(_Section):
     # pseudo-readings of its prior (a configured cost model seeds it instead).
     learn_half_life_s: float = Field(default=300.0, gt=0)
     learn_prior_weight: float = Field(default=4.0, gt=0)
-    # Time constant of each group's sustained load (routing/learning.py).
+    # Time constants of each group's sustained load (routing/learning.py): as it rises,
+    # and as it falls (a lull between arrivals does not read as a light load).
     sustained_s: float = Field(default=5.0, gt=0)
+    sustained_fall_s: float = Field(default=30.0, gt=0)
 
 
 class CostProbeSettings(_Section):

@@ -75,6 +75,7 @@ ROUTER_DWELL_S = 1.0
 # the online strategy's defaults (OnlineParams, TelemetrySettings), scaled the same way
 ROUTER_ONLINE_DWELL_S = 2.0
 ROUTER_SUSTAINED_S = 5.0
+ROUTER_SUSTAINED_FALL_S = 30.0
 ROUTER_HALF_LIFE_S = 300.0
 
 
@@ -91,6 +92,7 @@ def router_time_env(time_scale: float) -> dict[str, str]:
     return {"SPECROUTER_TELEMETRY__INTERVAL_S": repr(ROUTER_TELEMETRY_S * time_scale),
             "SPECROUTER_HEALTH__INTERVAL_S": repr(ROUTER_HEALTH_S * time_scale),
             "SPECROUTER_TELEMETRY__SUSTAINED_S": repr(ROUTER_SUSTAINED_S * time_scale),
+            "SPECROUTER_TELEMETRY__SUSTAINED_FALL_S": repr(ROUTER_SUSTAINED_FALL_S * time_scale),
             "SPECROUTER_TELEMETRY__LEARN_HALF_LIFE_S": repr(ROUTER_HALF_LIFE_S * time_scale)}
 
 

@@ -66,9 +66,11 @@ class PrefillLog:
 
 @dataclass
 class SustainedLoad:
-    """Time-weighted exponential average of a count that changes by steps."""
+    """Time-weighted exponential average of a count that changes by steps: it rises with
+    time constant `tau_s` and falls with `fall_tau_s` (`tau_s` when None)."""
 
     tau_s: float
+    fall_tau_s: float | None = None
     value: float = 0.0
     count: float = 0.0  # the count in force since `at`
     at: float | None = None
@@ -76,7 +78,9 @@ class SustainedLoad:
     def at_time(self, now: float) -> float:
         if self.at is None or now <= self.at:
             return self.value
-        k = math.exp(-(now - self.at) / self.tau_s)
+        falling = self.count < self.value and self.fall_tau_s is not None
+        tau = self.fall_tau_s if falling and self.fall_tau_s is not None else self.tau_s
+        k = math.exp(-(now - self.at) / tau)
         return self.count + (self.value - self.count) * k
 
     def step(self, now: float, count: float) -> None:
@@ -107,6 +111,7 @@ class CostLearning:
 
     def __init__(self, view: LoadView, *, half_life_s: float = 300.0,
                  prior_weight: float = 4.0, sustained_s: float = 5.0,
+                 sustained_fall_s: float | None = None,
                  prefill_ms_per_token: float = 0.0) -> None:
         self.view = view
         self.half_life_s, self.prior_weight = half_life_s, prior_weight
@@ -115,7 +120,7 @@ class CostLearning:
         groups = view.group_names()
         self._learners = {g: OnlineCostModel(half_life_s=half_life_s, prior_weight=prior_weight)
                           for g in groups}
-        self._sustained = {g: SustainedLoad(sustained_s) for g in groups}
+        self._sustained = {g: SustainedLoad(sustained_s, sustained_fall_s) for g in groups}
         self._windows: dict[str, tuple[float, float]] = {}  # backend -> (rate, first seen)
 
     @property

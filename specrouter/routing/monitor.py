@@ -45,6 +45,7 @@ class BackendMonitor:
         self.learning = CostLearning(self.view, half_life_s=telemetry.learn_half_life_s,
                                      prior_weight=telemetry.learn_prior_weight,
                                      sustained_s=telemetry.sustained_s,
+                                     sustained_fall_s=telemetry.sustained_fall_s,
                                      prefill_ms_per_token=prefill_ms_per_token)
         self.poller: TelemetryPoller | None = None
         if telemetry.enabled:

@@ -3,6 +3,8 @@ feed that turns telemetry windows into readings (routing/learning.py)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specrouter.observe.loadview import EngineSample, InflightHistory, LoadView
@@ -109,6 +111,18 @@ def test_sustained_load_is_time_weighted() -> None:
     assert s.at_time(0.5) == pytest.approx(1 - 2.718281828 ** -0.05, rel=1e-3)
     s.step(1.0, 6.0)
     assert s.at_time(100.0) == pytest.approx(6.0, rel=1e-3)
+
+
+def test_sustained_load_falls_slower_than_it_rises() -> None:
+    s = SustainedLoad(tau_s=5.0, fall_tau_s=30.0)
+    s.step(0.0, 4.0)
+    assert s.at_time(5.0) == pytest.approx(4 * (1 - math.exp(-1)))  # rising: 5 s
+    s.step(50.0, 0.0)  # risen all the way; then a lull of 30 s
+    assert s.at_time(80.0) == pytest.approx(4 * math.exp(-1), rel=1e-3)  # falling: 30 s
+    both = SustainedLoad(tau_s=5.0)
+    both.step(0.0, 4.0)
+    both.step(50.0, 0.0)
+    assert both.at_time(55.0) == pytest.approx(4 * math.exp(-1), rel=1e-3)
 
 
 def test_inflight_history_busy_share_and_mean() -> None:
