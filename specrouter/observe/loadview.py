@@ -73,6 +73,10 @@ class EngineSample:
     # SGLang's `max_total_num_tokens` (summed over DP ranks): the KV pool in tokens, which
     # is also the most its prefix cache can hold. None: the source does not carry it.
     kv_tokens: int | None = None
+    # SGLang's `num_used_tokens` (summed over DP ranks): KV tokens the running requests
+    # hold (locked prefixes and what they computed beyond them), evictable cache excluded.
+    # None: the source does not carry it.
+    kv_used: int | None = None
 
     @property
     def total(self) -> int:

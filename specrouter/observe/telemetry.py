@@ -80,6 +80,7 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
     running = waiting = 0
     max_running: int | None = None
     kv_tokens: int | None = None
+    kv_used: int | None = None
     lifetime: list[float] = []
     taken: list[float | None] = []
     throughput: list[float] = []
@@ -93,6 +94,8 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
             max_running = (max_running or 0) + load["max_running_requests"]
         if isinstance(load.get("max_total_num_tokens"), int):
             kv_tokens = (kv_tokens or 0) + load["max_total_num_tokens"]
+        if isinstance(load.get("num_used_tokens"), int):
+            kv_used = (kv_used or 0) + load["num_used_tokens"]
         spec = load.get("speculative")
         accept = _number(spec.get("accept_length")) if isinstance(spec, dict) else None
         if accept is not None:
@@ -106,7 +109,7 @@ def parse_v1_loads(payload: Any, received_at: float) -> EngineSample:
                         snapshot_age=snapshot_age(ts, taken),
                         accept_lifetime=_accept_mean(lifetime),
                         gen_throughput=sum(throughput) if throughput else None,
-                        kv_tokens=kv_tokens)
+                        kv_tokens=kv_tokens, kv_used=kv_used)
 
 
 def snapshot_age(answered: Any, taken: Sequence[float | None]) -> float | None:

@@ -161,8 +161,14 @@ class CostLearning:
         self._prefills.setdefault(backend, PrefillLog()).record(now, prefill_tokens)
 
     def sample(self, backend: str, sample: EngineSample) -> None:
-        """A telemetry sample of `backend`: a new engine window is a reading (each window
-        once: SGLang's gauge keeps its value until the next decode log)."""
+        """A telemetry sample of `backend`: its load readings set the pool's batch cap
+        (`OnlineCostModel.note_load`); a new engine window is a reading of its step cost
+        (each window once: SGLang's gauge keeps its value until the next decode log)."""
+        b = self.view.backends[backend]
+        learner = self._learners[b.group]
+        learner.note_max_batch(b.pool, sample.max_running)
+        learner.note_load(b.pool, sample.running, sample.waiting, sample.received_at,
+                          sample.kv_tokens, sample.kv_used)
         rate = sample.gen_throughput
         if rate is None:
             return
@@ -170,9 +176,6 @@ class CostLearning:
         if prev is not None and prev[0] == rate:
             return
         self._windows[backend] = (rate, sample.received_at)
-        b = self.view.backends[backend]
-        learner = self._learners[b.group]
-        learner.note_max_batch(b.pool, sample.max_running)
         if prev is None or rate <= 0:
             return
         # the window's ends are known to a poll: widen it by one so no idle gap is missed
@@ -183,7 +186,7 @@ class CostLearning:
         if tokens is None:
             return
         batch = b.history.mean(prev[1], end)
-        cap = learner.max_batch[b.pool]
+        cap = learner.batch_cap(b.pool, end)  # requests beyond it queue: they do not decode
         batch = min(batch, float(cap)) if cap else batch
         ms = step_ms(batch, tokens, rate)
         if ms is None:

@@ -29,6 +29,16 @@ Each pool's curve is a weighted least-squares fit with exponential forgetting (h
   curve times a learned factor per pool: the group's level, learned from both pools'
   readings at once, times the pool's ratio to it, whose strong prior is the seed's. A
   seed's ratio of the pools holds until each pool's own readings say otherwise.
+
+Each pool's batch cap (`GroupCostModel.predict` counts the requests beyond it as queued)
+is the engine's max running requests, or fewer while its KV pool bounds the batch: an
+engine that queues (`num_waiting_reqs` > 0) below its max with its KV pool nearly full
+(`num_used_tokens` >= `ROOM_FULL_SHARE` of `max_total_num_tokens`) holds about the
+requests it runs, so its pool over that count is what a request takes (`_Room`), and
+each pool's cap is its own pool over that: the engine's running count for the engine
+that queued, its share of the KV for the other, which has not queued yet. The caps
+recover toward the engines' max with half-life `room_half_life_s` from the last such
+reading, and never sit below a running count an engine reported since.
 """
 
 from __future__ import annotations
@@ -57,6 +67,15 @@ SEED_LEVEL_WEIGHT = 1.0
 REUSE_HALF_LIFE_SHARE = 1e-3
 #: A reading's batch below this counts as this (an engine that just started a request).
 MIN_BATCH = 1.0
+#: An engine that queues below its max running requests is bound by its KV pool when at
+#: least this share of the pool is in use. A queue behind a chunked prefill (a 30k-token
+#: prompt takes four 8,192-token chunks) shows at any fill; a request that did not fit
+#: shows with the pool full but for the output share SGLang reserves per running request
+#: and the head request's own prompt (the simulator's agentic runs: 0.81-0.99 when bound,
+#: 0.1-0.6 behind a prefill).
+ROOM_FULL_SHARE = 0.75
+#: Half-life of a pool's effective batch cap's recovery toward the engine's max, seconds.
+ROOM_HALF_LIFE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +116,36 @@ class _Fit:
         return None if w <= 1e-9 else (self.sums[1] / w, self.sums[2] / w)
 
 
+@dataclass
+class _Room:
+    """The KV tokens a running request takes in the group (its context, cached prefix and
+    the output SGLang reserves): the engine's KV pool over its running count at the last
+    KV-bound queueing reading. A workload's property, so it bounds both pools' batches,
+    each at its own pool's `max_total_num_tokens` over it. Recovers toward the engines'
+    max in time (a time decay, not a count of readings: the router polls the same engine
+    snapshot several times, and idle engines are polled as often as busy ones)."""
+
+    footprint: float | None = None  # None: no KV-bound reading yet
+    at: float = 0.0
+
+    def cap(self, engine_max: int | None, kv_tokens: int | None, now: float,
+            half_life: float) -> int | None:
+        if engine_max is None or kv_tokens is None or self.footprint is None:
+            return engine_max
+        bound = min(float(engine_max), kv_tokens / self.footprint)
+        k: float = 0.5 ** (max(0.0, now - self.at) / half_life)
+        return min(engine_max, max(1, round(engine_max - (engine_max - bound) * k)))
+
+
+def kv_bound(running: int, waiting: int, engine_max: int, kv_tokens: int | None,
+             kv_used: int | None) -> bool:
+    """Whether a reading shows the KV pool, not the max running requests, bounding the
+    batch: requests wait while fewer than the max run and the pool is nearly full."""
+    return (waiting > 0 and 0 < running < engine_max and kv_tokens is not None
+            and kv_tokens > 0 and kv_used is not None
+            and kv_used >= ROOM_FULL_SHARE * kv_tokens)
+
+
 @dataclass(frozen=True)
 class LearnedPool:
     """One pool's learned curve and what it rests on (for GET /policy and /metrics)."""
@@ -135,9 +184,14 @@ class LearnedCostModel(GroupCostModel):
     mixed_readings: int = 0
     # cost probes by (pool, outcome): read, cancelled (a request came), failed
     probes: Mapping[tuple[Pool, str], int] = field(default_factory=dict)
+    # each engine's max running requests (the batch caps above are these or its KV room)
+    engine_max_batch: Mapping[Pool, int | None] = field(default_factory=dict)
 
     def describe(self, accept_length: float) -> dict[str, Any]:
+        caps = {"eagle": self.eagle_max_batch, "baseline": self.baseline_max_batch}
         return {"seeded": self.seeded, "pools": {p: v.as_dict() for p, v in self.pools.items()},
+                "batch_cap": {p: {"effective": caps[p], "engine": self.engine_max_batch.get(p)}
+                              for p in ("eagle", "baseline")},
                 "mixing_ratio": None if self.mixing_ratio is None else round(self.mixing_ratio, 3),
                 "mixed_readings": self.mixed_readings,
                 "probes": {f"{p}/{o}": n for (p, o), n in sorted(self.probes.items())},
@@ -149,9 +203,11 @@ class OnlineCostModel:
 
     def __init__(self, seed: GroupCostModel | None = None, *, half_life_s: float = 300.0,
                  prior_weight: float = 8.0, seed_weight: float = 64.0,
-                 nominal_accept_length: float = 2.0) -> None:
-        if half_life_s <= 0 or prior_weight <= 0 or seed_weight <= 0:
-            raise ValueError("half_life_s, prior_weight and seed_weight must be positive")
+                 nominal_accept_length: float = 2.0,
+                 room_half_life_s: float = ROOM_HALF_LIFE_S) -> None:
+        if min(half_life_s, prior_weight, seed_weight, room_half_life_s) <= 0:
+            raise ValueError("half_life_s, prior_weight, seed_weight and room_half_life_s "
+                             "must be positive")
         self.seed = seed
         self.half_life_s = half_life_s
         self.prior_weight = seed_weight if seed is not None else prior_weight
@@ -161,6 +217,9 @@ class OnlineCostModel:
         self.max_batch: dict[Pool, int | None] = {
             "eagle": None if seed is None else seed.eagle_max_batch,
             "baseline": None if seed is None else seed.baseline_max_batch}
+        self.room_half_life_s = room_half_life_s
+        self.kv_tokens: dict[Pool, int | None] = {"eagle": None, "baseline": None}
+        self._room = _Room()
         self.mixing: float | None = None  # observed mixed round / predicted sum
         self.mixed_readings = 0
         self.probes: dict[tuple[Pool, str], int] = {}
@@ -221,6 +280,32 @@ class OnlineCostModel:
             self.max_batch[pool] = max_running
             self._cache = None
 
+    def note_load(self, pool: Pool, running: int, waiting: int, now: float,
+                  kv_tokens: int | None = None, kv_used: int | None = None) -> None:
+        """An engine's load reading: a KV-bound queue sets the group's footprint per
+        request from it (so `pool`'s cap to its running count); a running count above
+        `pool`'s cap shows a smaller footprint."""
+        if kv_tokens is not None and kv_tokens > 0:
+            self.kv_tokens[pool] = kv_tokens
+        cap, kv, room = self.max_batch[pool], self.kv_tokens[pool], self._room
+        if cap is None or kv is None:
+            return
+        before = self._caps(now)
+        if kv_bound(running, waiting, cap, kv_tokens, kv_used):
+            room.footprint, room.at = kv / running, now
+        elif room.footprint is not None and running > (self.batch_cap(pool, now) or cap):
+            room.footprint, room.at = kv / min(running, cap), now
+        if self._caps(now) != before:
+            self._cache = None
+
+    def batch_cap(self, pool: Pool, now: float) -> int | None:
+        """The most requests `pool`'s engine runs at once now (None: not known)."""
+        return self._room.cap(self.max_batch[pool], self.kv_tokens[pool], now,
+                              self.room_half_life_s)
+
+    def _caps(self, now: float) -> tuple[int | None, int | None]:
+        return self.batch_cap("eagle", now), self.batch_cap("baseline", now)
+
     # -- the model -----------------------------------------------------------------------
 
     def model(self, now: float, accept_length: float | None = None) -> LearnedCostModel:
@@ -239,9 +324,11 @@ class OnlineCostModel:
                               None if fit.readings == 0 else (fit.low, fit.high),
                               self.probes.get((pool, "read"), 0))
             for pool, curve, fit in _by_pool(e, b, self._fits)}
-        model = LearnedCostModel(b, e, self.nominal_accept_length, self.max_batch["baseline"],
-                                 self.max_batch["eagle"], pools, self.seed is not None,
-                                 self.mixing, self.mixed_readings, dict(self.probes))
+        model = LearnedCostModel(b, e, self.nominal_accept_length,
+                                 self.batch_cap("baseline", now), self.batch_cap("eagle", now),
+                                 pools, self.seed is not None, self.mixing,
+                                 self.mixed_readings, dict(self.probes),
+                                 {p: self.max_batch[p] for p in ("eagle", "baseline")})
         self._cache = (now, model)
         return model
 

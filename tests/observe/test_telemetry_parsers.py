@@ -49,6 +49,7 @@ def test_v1_loads_sums_ranks_and_keeps_the_lifetime_accept_apart() -> None:
     assert s.accept_lifetime == pytest.approx(3.0)
     assert s.snapshot_age is None  # 0.5.10 answers live and carries no rank timestamp
     assert s.gen_throughput == pytest.approx(2 * 812.5)  # DP ranks decode apart: summed
+    assert (s.kv_tokens, s.kv_used) == (1_000_000, 8192)  # each rank has its own KV pool
 
 
 def v1_loads_0_5_23(answered: str, taken: list[float]) -> dict[str, object]:
