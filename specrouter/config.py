@@ -201,6 +201,10 @@ class TelemetrySettings(_Section):
     # and as it falls (a lull between arrivals does not read as a light load).
     sustained_s: float = Field(default=5.0, gt=0)
     sustained_fall_s: float = Field(default=30.0, gt=0)
+    # The online model's batch caps follow the engines' KV room (routing/online.py
+    # `note_load`): off by default, since on the agentic trace alone it moved groups to
+    # the baseline sooner and lost goodput (docs/policy.md section 9, "KV room").
+    learn_kv_room: bool = False
 
 
 class CostProbeSettings(_Section):

@@ -112,13 +112,14 @@ class CostLearning:
     def __init__(self, view: LoadView, *, half_life_s: float = 300.0,
                  prior_weight: float = 4.0, sustained_s: float = 5.0,
                  sustained_fall_s: float | None = None,
-                 prefill_ms_per_token: float = 0.0) -> None:
+                 prefill_ms_per_token: float = 0.0, kv_room: bool = False) -> None:
         self.view = view
-        self.half_life_s, self.prior_weight = half_life_s, prior_weight
+        self.half_life_s, self.prior_weight, self.kv_room = half_life_s, prior_weight, kv_room
         self.prefill_ms_per_token = prefill_ms_per_token
         self._prefills: dict[str, PrefillLog] = {}
         groups = view.group_names()
-        self._learners = {g: OnlineCostModel(half_life_s=half_life_s, prior_weight=prior_weight)
+        self._learners = {g: OnlineCostModel(half_life_s=half_life_s, prior_weight=prior_weight,
+                                             kv_room=kv_room)
                           for g in groups}
         self._sustained = {g: SustainedLoad(sustained_s, sustained_fall_s) for g in groups}
         self._windows: dict[str, tuple[float, float]] = {}  # backend -> (rate, first seen)
@@ -132,7 +133,8 @@ class CostLearning:
         for group, model in models.items():
             if group in self._learners:
                 self._learners[group] = OnlineCostModel(
-                    model, half_life_s=self.half_life_s, prior_weight=self.prior_weight)
+                    model, half_life_s=self.half_life_s, prior_weight=self.prior_weight,
+                    kv_room=self.kv_room)
 
     def model(self, group: str, now: float) -> LearnedCostModel:
         return self._learners[group].model(now)
@@ -186,7 +188,7 @@ class CostLearning:
         if tokens is None:
             return
         batch = b.history.mean(prev[1], end)
-        cap = learner.batch_cap(b.pool, end)  # requests beyond it queue: they do not decode
+        cap = learner.model_cap(b.pool, end)  # requests beyond it queue: they do not decode
         batch = min(batch, float(cap)) if cap else batch
         ms = step_ms(batch, tokens, rate)
         if ms is None:

@@ -46,7 +46,8 @@ class BackendMonitor:
                                      prior_weight=telemetry.learn_prior_weight,
                                      sustained_s=telemetry.sustained_s,
                                      sustained_fall_s=telemetry.sustained_fall_s,
-                                     prefill_ms_per_token=prefill_ms_per_token)
+                                     prefill_ms_per_token=prefill_ms_per_token,
+                                     kv_room=telemetry.learn_kv_room)
         self.poller: TelemetryPoller | None = None
         if telemetry.enabled:
             self.poller = TelemetryPoller(

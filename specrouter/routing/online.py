@@ -38,7 +38,9 @@ requests it runs, so its pool over that count is what a request takes (`_Room`),
 each pool's cap is its own pool over that: the engine's running count for the engine
 that queued, its share of the KV for the other, which has not queued yet. The caps
 recover toward the engines' max with half-life `room_half_life_s` from the last such
-reading, and never sit below a running count an engine reported since.
+reading, and never sit below a running count an engine reported since. With `kv_room`
+off (the router's default, `telemetry.learn_kv_room`) the model keeps the engines' max
+and the room is only shown.
 """
 
 from __future__ import annotations
@@ -186,11 +188,15 @@ class LearnedCostModel(GroupCostModel):
     probes: Mapping[tuple[Pool, str], int] = field(default_factory=dict)
     # each engine's max running requests (the batch caps above are these or its KV room)
     engine_max_batch: Mapping[Pool, int | None] = field(default_factory=dict)
+    # each engine's KV room (`OnlineCostModel.batch_cap`), whether the caps above use it
+    # or not (`kv_room`)
+    kv_room_batch: Mapping[Pool, int | None] = field(default_factory=dict)
 
     def describe(self, accept_length: float) -> dict[str, Any]:
         caps = {"eagle": self.eagle_max_batch, "baseline": self.baseline_max_batch}
         return {"seeded": self.seeded, "pools": {p: v.as_dict() for p, v in self.pools.items()},
-                "batch_cap": {p: {"effective": caps[p], "engine": self.engine_max_batch.get(p)}
+                "batch_cap": {p: {"effective": caps[p], "engine": self.engine_max_batch.get(p),
+                                  "kv_room": self.kv_room_batch.get(p)}
                               for p in ("eagle", "baseline")},
                 "mixing_ratio": None if self.mixing_ratio is None else round(self.mixing_ratio, 3),
                 "mixed_readings": self.mixed_readings,
@@ -204,7 +210,7 @@ class OnlineCostModel:
     def __init__(self, seed: GroupCostModel | None = None, *, half_life_s: float = 300.0,
                  prior_weight: float = 8.0, seed_weight: float = 64.0,
                  nominal_accept_length: float = 2.0,
-                 room_half_life_s: float = ROOM_HALF_LIFE_S) -> None:
+                 room_half_life_s: float = ROOM_HALF_LIFE_S, kv_room: bool = False) -> None:
         if min(half_life_s, prior_weight, seed_weight, room_half_life_s) <= 0:
             raise ValueError("half_life_s, prior_weight, seed_weight and room_half_life_s "
                              "must be positive")
@@ -217,7 +223,7 @@ class OnlineCostModel:
         self.max_batch: dict[Pool, int | None] = {
             "eagle": None if seed is None else seed.eagle_max_batch,
             "baseline": None if seed is None else seed.baseline_max_batch}
-        self.room_half_life_s = room_half_life_s
+        self.room_half_life_s, self.kv_room = room_half_life_s, kv_room
         self.kv_tokens: dict[Pool, int | None] = {"eagle": None, "baseline": None}
         self._room = _Room()
         self.mixing: float | None = None  # observed mixed round / predicted sum
@@ -303,6 +309,11 @@ class OnlineCostModel:
         return self._room.cap(self.max_batch[pool], self.kv_tokens[pool], now,
                               self.room_half_life_s)
 
+    def model_cap(self, pool: Pool, now: float) -> int | None:
+        """The cap the model predicts with: `batch_cap`, or the engine's max with
+        `kv_room` off (the KV room is then only shown)."""
+        return self.batch_cap(pool, now) if self.kv_room else self.max_batch[pool]
+
     def _caps(self, now: float) -> tuple[int | None, int | None]:
         return self.batch_cap("eagle", now), self.batch_cap("baseline", now)
 
@@ -325,10 +336,11 @@ class OnlineCostModel:
                               self.probes.get((pool, "read"), 0))
             for pool, curve, fit in _by_pool(e, b, self._fits)}
         model = LearnedCostModel(b, e, self.nominal_accept_length,
-                                 self.batch_cap("baseline", now), self.batch_cap("eagle", now),
+                                 self.model_cap("baseline", now), self.model_cap("eagle", now),
                                  pools, self.seed is not None, self.mixing,
                                  self.mixed_readings, dict(self.probes),
-                                 {p: self.max_batch[p] for p in ("eagle", "baseline")})
+                                 {p: self.max_batch[p] for p in ("eagle", "baseline")},
+                                 {p: self.batch_cap(p, now) for p in ("eagle", "baseline")})
         self._cache = (now, model)
         return model
 

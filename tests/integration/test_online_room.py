@@ -3,7 +3,8 @@ a simulated H200 group whose EAGLE-3 engine has a KV pool of 30,000 tokens (four
 of 6,000 prompt tokens), far below its 48 batch slots, and 16 clients sending such
 requests back to back. The engine queues with its pool full; the router learns that its
 batch is bounded at about four, predicts the queue and moves the group to the baseline,
-which the cost model alone (crossover ~60 requests at accept 3.0) never would."""
+which the cost model alone (crossover ~60 requests at accept 3.0) never would. The
+router runs with `telemetry.learn_kv_room` on (off by default)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def test_a_kv_bound_eagle_engine_moves_the_online_router_to_the_baseline(
         "SPECROUTER_POLICY": json.dumps({"strategy": "online"}),
         "SPECROUTER_COST_MODEL__PROFILE": "h200-llama3-8b",
         "SPECROUTER_COST_MODEL__CTX": "2048",
+        "SPECROUTER_TELEMETRY__LEARN_KV_ROOM": "true",
     })
 
     async def scenario() -> dict[str, Any]:
@@ -70,6 +72,7 @@ def test_a_kv_bound_eagle_engine_moves_the_online_router_to_the_baseline(
     assert group["reason"] in ("online_burst", "online_baseline"), group
     caps = group["learned"]["batch_cap"]
     assert caps["eagle"]["engine"] == 48 and 2 <= caps["eagle"]["effective"] <= 6, caps
+    assert caps["eagle"]["kv_room"] == caps["eagle"]["effective"]
     # the step costs alone (the engine's 48 slots) keep EAGLE-3 far beyond this load: the
     # predicted queue moved the group
     assert PROFILE.crossover(group["accept_length_used"]) > 40 > group["load"] + 1

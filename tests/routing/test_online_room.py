@@ -1,7 +1,7 @@
-"""The online model's batch caps: an engine that queues below its max running requests
-with its KV pool nearly full bounds the batch at its running count, and the other pool
-at its own KV pool's share; the caps recover toward the engines' max (routing/online.py
-`note_load`, fed by routing/learning.py)."""
+"""The online model's batch caps (with `kv_room` on): an engine that queues below its max
+running requests with its KV pool nearly full bounds the batch at its running count, and
+the other pool at its own KV pool's share; the caps recover toward the engines' max
+(routing/online.py `note_load`, fed by routing/learning.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from specrouter.routing.online import ROOM_FULL_SHARE, OnlineCostModel
 EAGLE_KV, BASE_KV = 400_000, 500_000  # h200-llama3-8b's pools
 
 
-def model() -> OnlineCostModel:
-    m = OnlineCostModel(room_half_life_s=30.0)
+def model(kv_room: bool = True) -> OnlineCostModel:
+    m = OnlineCostModel(room_half_life_s=30.0, kv_room=kv_room)
     m.note_max_batch("eagle", 48)
     m.note_max_batch("baseline", 256)
     for pool, kv in (("eagle", EAGLE_KV), ("baseline", BASE_KV)):
@@ -34,7 +34,17 @@ def test_a_kv_bound_queue_lowers_the_cap_to_the_running_count() -> None:
     # the prediction counts what is beyond the cap as queued: the batch stays at 12
     pred = got.predict("eagle", 20, 2.5)
     assert pred.batch == 12 and pred.tpot_ms == pytest.approx(1000 * 20 / pred.throughput_tok_s)
-    assert got.describe(2.5)["batch_cap"]["eagle"] == {"effective": 12, "engine": 48}
+    assert got.describe(2.5)["batch_cap"]["eagle"] == {"effective": 12, "engine": 48,
+                                                        "kv_room": 12}
+
+
+def test_with_kv_room_off_the_model_keeps_the_engines_max_and_shows_the_room() -> None:
+    m = model(kv_room=False)
+    m.note_load("eagle", 12, 3, 10.0, EAGLE_KV, int(0.95 * EAGLE_KV))
+    got = m.model(10.0)
+    assert (got.eagle_max_batch, got.baseline_max_batch) == (48, 256)
+    assert got.describe(2.5)["batch_cap"]["baseline"] == {"effective": 256, "engine": 256,
+                                                           "kv_room": 15}
 
 
 def test_a_queue_behind_a_prefill_leaves_the_cap() -> None:
@@ -72,7 +82,7 @@ def test_telemetry_samples_feed_the_caps() -> None:
     view = LoadView()
     view.add_backend("g0-e", "g0", "eagle")
     view.add_backend("g0-b", "g0", "baseline")
-    learning = CostLearning(view)
+    learning = CostLearning(view, kv_room=True)
     for name, kv in (("g0-e", EAGLE_KV), ("g0-b", BASE_KV)):
         learning.sample(name, EngineSample(0, 0, 1.0, max_running=48 if name == "g0-e"
                                            else 256, kv_tokens=kv, kv_used=0))
