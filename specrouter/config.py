@@ -217,6 +217,10 @@ class CostProbeSettings(_Section):
     pool's server; the difference of their end-to-end latencies over the difference of
     their decode steps is one step at that batch.
     A request arriving for the group cancels the probe.
+
+    With shared state a probe runs only under its group's cluster-wide lock, which lives
+    `timeout_s` + 4 s (the probe's own limit, its aborts and a margin) unless the probe
+    releases it first; its readings are shared with every replica (proxy/shadow.py).
     """
 
     enabled: bool = True
@@ -233,7 +237,8 @@ class CostProbeSettings(_Section):
     # before the router serves, so that its first decision prices both pools (0: probe
     # in the background only)
     startup_wait_s: float = Field(default=15.0, ge=0)
-    timeout_s: float = Field(default=30.0, gt=0)
+    # a probe's time limit, all its batches and rounds together
+    timeout_s: float = Field(default=30.0, gt=0, le=600)
 
     @field_validator("eagle_batches", "baseline_batches")
     @classmethod

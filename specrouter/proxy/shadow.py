@@ -18,6 +18,15 @@ group is idle. A request for the group (from any replica: the in-flight counts a
 cluster's) cancels the probe, so a probe never shares the GPU with a client's request for
 longer than the check interval; a replica never starts one while any server of the group
 is busy, which includes another replica's probe.
+
+Replicas share probes through the state store. A probe runs only under its group's
+cluster-wide lock (`StateStore.try_lock`), so replicas starting together put one probe at
+a time on a group's GPUs (both pools' servers share them) and not one each, which would
+read a step at a batch of N; the lock lives `timeout_s` plus a few seconds, the longest a
+probe can take, so a replica that dies mid-probe frees it by itself. Every reading is
+published, and each replica folds in the others' (each once, weighted by its age), so one
+probe per pool per half-life serves the whole cluster. The lock's holder reads the
+published readings first and skips a pool another replica has just read.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from specrouter.backends import Backend, Pool
 from specrouter.config import CostProbeSettings
@@ -47,6 +56,7 @@ from specrouter.routing.costprobe import (
 )
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.router import Router, Target
+from specrouter.state import ProbeReading, StateError, StateStore
 from specrouter.tasks import cancel_and_wait
 
 log = logging.getLogger("specrouter.proxy.shadow")
@@ -131,6 +141,8 @@ class ProbeHost(Router, Protocol):
     monitor: BackendMonitor
 
 
+#: The rid of every cost-probe generation starts with this.
+PROBE_RID_PREFIX = "specrouter-cost-probe-"
 #: The order pools are probed in: the baseline's cost is the one a move trusts.
 POOLS: tuple[Pool, ...] = ("baseline", "eagle")
 #: Seconds between two looks at the group's in-flight count while a probe runs.
@@ -138,7 +150,27 @@ _WATCH_S = 0.005
 #: Seconds before a pool whose probe failed (no answer a step could be read from) is
 #: probed again.
 _FAILED_RETRY_S = 60.0
+#: Seconds the aborts of a cancelled or timed-out probe's generations may take.
+_ABORT_S = 2.0
+#: Seconds a probe's lock outlives the probe's own limit (`timeout_s` and its aborts).
+_LOCK_SLACK_S = 2.0
+#: A shared reading weighing less than this after its age's decay is not folded in.
+_MIN_SHARED_WEIGHT = 0.01
 _JSON = (b"content-type", b"application/json")
+
+#: How a probe attempt ended: a reading of every batch; the group was busy; another
+#: replica holds the group's lock; a reading another replica published made it unneeded;
+#: a request for the group cancelled it; no step could be read (or it ran out of time).
+Outcome = Literal["read", "busy", "locked", "shared", "cancelled", "failed"]
+
+
+def lock_ttl_s(settings: CostProbeSettings) -> float:
+    """Life of a probe's lock: the probe's own limit, its aborts, and a margin."""
+    return settings.timeout_s + _ABORT_S + _LOCK_SLACK_S
+
+
+def lock_name(group: str) -> str:
+    return f"cost-probe:{group}"
 
 
 class _Cancelled(Exception):
@@ -154,6 +186,8 @@ class CostProber:
         self._monitor = router.monitor
         self._upstreams = upstreams
         self._settings = settings
+        cluster = self._monitor.cluster
+        self._store: StateStore | None = None if cluster is None else cluster.state.store
         self._task: asyncio.Task[None] | None = None
         self._not_before: dict[tuple[str, Pool], float] = {}
 
@@ -176,14 +210,19 @@ class CostProber:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _first(self, group: str) -> None:
+        """Each due pool read once, by this replica or, while another replica holds the
+        group's lock or its probe keeps the group busy, by that one."""
         while True:
             view = self._group(group)
             if all(b.healthy for b in view.backends):
                 break
             await asyncio.sleep(_WATCH_S * 10)
         for pool in POOLS:
-            if self._due(group, pool):
-                await self.probe(group, pool)
+            while self._due(group, pool):
+                if await self.probe(group, pool) not in ("locked", "busy"):
+                    break
+                await asyncio.sleep(_WATCH_S * 10)
+                self._fold(self._store.take_readings() if self._store is not None else [])
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -191,6 +230,7 @@ class CostProber:
 
     async def _run(self) -> None:
         while True:
+            self._fold(self._store.take_readings() if self._store is not None else [])
             for group in self._monitor.learning.groups:
                 for pool in POOLS:
                     if self._due(group, pool):
@@ -218,37 +258,122 @@ class CostProber:
     def _group_inflight(self, group: str) -> int:
         return sum(b.inflight for b in self._group(group).backends)
 
-    async def probe(self, group: str, pool: Pool) -> float | None:
-        """One probe of `pool` in `group` at each of its configured batches; the step ms
-        read at the last batch (None: the group was busy, or the probe was cancelled or failed)."""
+    async def probe(self, group: str, pool: Pool) -> Outcome:
+        """One probe of `pool` in `group` at each of its configured batches, under the
+        group's cluster-wide lock (see `_lock`)."""
+        if self._idle_backend(group, pool) is None:
+            return "busy"
+        granted, token = await self._lock(group)
+        if not granted:
+            self._monitor.learning.learner(group).note_probe(pool, "locked")
+            return "locked"
+        try:
+            await self._fold_fresh()
+            if not self._due(group, pool):
+                return "shared"
+            return await self._measure(group, pool)
+        finally:
+            if token is not None and self._store is not None:
+                with contextlib.suppress(StateError):
+                    await self._store.unlock(lock_name(group), token)
+
+    async def _lock(self, group: str) -> tuple[bool, str | None]:
+        """Whether this replica may probe `group` now, and the token of the lock it took.
+
+        Without shared state (one replica) there is no lock to take. With the store
+        unreachable a replica probes without one: the lock protects the reading's accuracy
+        and not the requests served, so a reading perhaps taken beside another replica's
+        probe (its readings decay within a half-life, and the next probe replaces them)
+        is worth more than none for as long as Redis is down (the unread pool priced from
+        the other through fixed ratios, ~25% off on H200). Such a probe still starts only
+        while no server of the group reports a running request, so it overlaps another
+        replica's only when both start within one telemetry poll. The attempt is bounded by
+        the store's own call timeout, so it never hangs the prober.
+        """
+        if self._store is None:
+            return True, None
+        try:
+            token = await self._store.try_lock(lock_name(group), lock_ttl_s(self._settings))
+        except StateError:
+            return True, None
+        return token is not None, token
+
+    async def _measure(self, group: str, pool: Pool) -> Outcome:
+        """The probe itself, within `timeout_s` in all; each reading is folded in and
+        published."""
         learner = self._monitor.learning.learner(group)
-        ms = None
-        for batch in self._settings.batches(pool):
-            backend = self._idle_backend(group, pool)
-            if backend is None:
-                return None
-            try:
-                short = await self._round(group, pool, backend, batch, 1)
-                long = await self._round(group, pool, backend, batch, self._settings.tokens)
-            except _Cancelled:
-                learner.note_probe(pool, "cancelled")
-                return None
-            ms = None if short is None or long is None else step_reading(short, long)
-            if ms is None:
-                learner.note_probe(pool, "failed")
-                self._not_before[group, pool] = self._monitor.clock() + _FAILED_RETRY_S
-                return None
-            learner.observe(pool, batch, ms, self._monitor.clock(), PROBE_WEIGHT, probe=True)
-            log.info("cost probe of %s (%s, group %s) at batch %d: %.3f ms a step",
-                     backend.name, pool, group, batch, ms)
-        return ms
+        try:
+            async with asyncio.timeout(self._settings.timeout_s):
+                for batch in self._settings.batches(pool):
+                    backend = self._idle_backend(group, pool)
+                    if backend is None:
+                        return "busy"
+                    short = await self._round(group, pool, backend, batch, 1)
+                    long = await self._round(group, pool, backend, batch, self._settings.tokens)
+                    ms = None if short is None or long is None else step_reading(short, long)
+                    if ms is None:
+                        break
+                    learner.observe(pool, batch, ms, self._monitor.clock(), PROBE_WEIGHT,
+                                    probe=True)
+                    log.info("cost probe of %s (%s, group %s) at batch %d: %.3f ms a step",
+                             backend.name, pool, group, batch, ms)
+                    await self._publish(group, pool, batch, ms)
+                else:
+                    return "read"
+        except _Cancelled:
+            learner.note_probe(pool, "cancelled")
+            return "cancelled"
+        except TimeoutError:
+            log.info("cost probe of %s in group %s ran out of its %.1f s", pool, group,
+                     self._settings.timeout_s)
+        learner.note_probe(pool, "failed")
+        self._not_before[group, pool] = self._monitor.clock() + _FAILED_RETRY_S
+        return "failed"
+
+    async def _publish(self, group: str, pool: Pool, batch: int, ms: float) -> None:
+        """Share a reading with the other replicas (best effort: they probe themselves
+        when it does not reach them)."""
+        if self._store is None:
+            return
+        reading = ProbeReading(group, pool, float(batch), ms, time.time(),
+                               self._store.replica_id, uuid.uuid4().hex)
+        with contextlib.suppress(StateError):
+            await self._store.publish_reading(reading)
+
+    async def _fold_fresh(self) -> None:
+        """Fold in the readings published up to now (the lock's holder reads them before
+        it probes: a pool another replica read just before it released the lock is not
+        probed again)."""
+        if self._store is None:
+            return
+        with contextlib.suppress(StateError):
+            self._fold(await self._store.fetch_readings())
+
+    def _fold(self, readings: list[ProbeReading]) -> None:
+        """Other replicas' probe readings into the learners, each weighing what it would
+        weigh now had this replica read it itself (`PROBE_WEIGHT` halved every half-life
+        of its age)."""
+        now, wall = self._monitor.clock(), time.time()
+        groups = set(self._monitor.learning.groups)
+        for reading in readings:
+            pool = next((p for p in POOLS if p == reading.pool), None)
+            if reading.group not in groups or pool is None:
+                continue
+            learner = self._monitor.learning.learner(reading.group)
+            age = max(0.0, wall - reading.at)
+            weight = PROBE_WEIGHT * 0.5 ** (age / learner.half_life_s)
+            if weight < _MIN_SHARED_WEIGHT:
+                continue
+            learner.observe(pool, reading.batch, reading.step_ms, now, weight)
+            learner.note_probe(pool, "shared")
 
     async def _round(self, group: str, pool: Pool, backend: Backend, batch: int,
                      tokens: int) -> list[ProbeAnswer] | None:
         """`batch` generations of `tokens` sent together; cancelled (`_Cancelled`) as soon
-        as the group holds a request that is not one of them."""
+        as the group holds a request that is not one of them. Generations that are still
+        running when it ends (cancelled, or out of time) are aborted on the server."""
         targets = [Target(group, pool, backend, "cost_probe") for _ in range(batch)]
-        rids = [f"specrouter-cost-probe-{uuid.uuid4().hex}" for _ in targets]
+        rids = [f"{PROBE_RID_PREFIX}{uuid.uuid4().hex}" for _ in targets]
         for target in targets:
             self._router.acquire(target)
         tasks = [asyncio.get_running_loop().create_task(self._one(backend, pool, tokens, rid))
@@ -256,13 +381,13 @@ class CostProber:
         try:
             while not all(t.done() for t in tasks):
                 if self._group_inflight(group) > batch:
-                    await cancel_and_wait(tasks)
-                    await asyncio.gather(*(self._abort(backend, rid) for rid in rids))
                     raise _Cancelled
                 await asyncio.wait(tasks, timeout=_WATCH_S)
             answers = [t.result() for t in tasks]
         finally:
-            await cancel_and_wait(tasks)
+            if not all(t.done() for t in tasks):
+                await cancel_and_wait(tasks)
+                await asyncio.gather(*(self._abort(backend, rid) for rid in rids))
             for target in targets:
                 self._router.release(target)
         return None if any(a is None for a in answers) else [a for a in answers if a]
@@ -271,11 +396,10 @@ class CostProber:
         """Stop a cancelled probe on the server now (best effort)."""
         body = json.dumps({"rid": rid}).encode()
         with contextlib.suppress(UpstreamError, TimeoutError):
-            async with asyncio.timeout(self._settings.timeout_s):
+            async with asyncio.timeout(_ABORT_S):
                 response = await self._upstreams[backend.name].open(
                     "POST", ABORT_PATH, self._headers(backend), body, stream=False)
                 await response.aclose()
-
     @staticmethod
     def _headers(backend: Backend) -> RawHeaders:
         headers: RawHeaders = [_JSON]

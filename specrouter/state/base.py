@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -26,6 +27,9 @@ PolicyDoc = Mapping[str, Any]
 PolicyListener = Callable[["PolicyRecord"], None]
 
 _REPLICA_ID_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+#: Shared cost-probe readings kept: three a probe cycle (two EAGLE-3 batches and one
+#: baseline) for about ten groups.
+PROBE_READINGS_CAP = 32
 
 
 class StateError(Exception):
@@ -74,6 +78,65 @@ class AuditEntry:
             action=str(data.get("action", "put")),
             doc=data["doc"],
         )
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    """One cost-probe reading as replicas share it: `pool` of `group` decoded `batch`
+    requests in steps of `step_ms`, read at unix time `at` by replica `by`; `id` is unique
+    per reading, so a replica folds each one in once."""
+
+    group: str
+    pool: str
+    batch: float
+    step_ms: float
+    at: float
+    by: str
+    id: str
+
+    def to_json(self) -> str:
+        return json.dumps({"group": self.group, "pool": self.pool, "batch": self.batch,
+                           "step_ms": self.step_ms, "at": self.at, "by": self.by,
+                           "id": self.id}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> ProbeReading | None:
+        """The reading, or None for anything this version cannot read (written by
+        someone else)."""
+        try:
+            data = json.loads(raw)
+            reading = cls(str(data["group"]), str(data["pool"]), float(data["batch"]),
+                          float(data["step_ms"]), float(data["at"]), str(data["by"]),
+                          str(data["id"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+        numbers = (reading.batch, reading.step_ms, reading.at)
+        return reading if all(math.isfinite(x) for x in numbers) else None
+
+
+class SeenReadings:
+    """The readings a replica has not handed out yet, each once: the ids of the last
+    `cap` readings seen are remembered, so a re-read of the shared list (after a
+    reconnect) hands out only the new ones."""
+
+    def __init__(self, replica_id: str, cap: int) -> None:
+        self._replica_id = replica_id
+        self._seen: dict[str, None] = {}
+        self._cap = cap
+        self._new: list[ProbeReading] = []
+
+    def offer(self, reading: ProbeReading) -> None:
+        if reading.id in self._seen:
+            return
+        self._seen[reading.id] = None
+        if len(self._seen) > self._cap:
+            del self._seen[next(iter(self._seen))]
+        if reading.by != self._replica_id:
+            self._new.append(reading)
+
+    def take(self) -> list[ProbeReading]:
+        new, self._new = self._new, []
+        return new
 
 
 def encode_doc(doc: PolicyDoc) -> str:
@@ -259,6 +322,34 @@ class StateStore(ABC):
     @abstractmethod
     async def audit(self, limit: int = 50) -> list[AuditEntry]:
         """The last `limit` policy changes, newest first. Raises StateUnavailable."""
+
+    # -- cluster-wide locks and cost-probe readings (background tasks only) ----------------
+    @abstractmethod
+    async def try_lock(self, name: str, ttl_s: float) -> str | None:
+        """Take the cluster-wide lock `name` for at most `ttl_s` seconds: the token that
+        releases it, or None while another holder has it. A holder that dies loses it when
+        the ttl runs out. Raises StateUnavailable when Redis cannot be reached (nothing
+        taken)."""
+
+    @abstractmethod
+    async def unlock(self, name: str, token: str) -> None:
+        """Release `name` if `token` still holds it (compare-and-delete: a lock that
+        expired and was taken by another holder is left to it). Raises StateUnavailable."""
+
+    @abstractmethod
+    async def publish_reading(self, reading: ProbeReading) -> None:
+        """Share a cost-probe reading with every replica (the last `PROBE_READINGS_CAP`
+        are kept). Raises StateUnavailable."""
+
+    @abstractmethod
+    def take_readings(self) -> list[ProbeReading]:
+        """Readings other replicas published that this one has not taken yet, each
+        once, as of the last sync (local memory only: never touches Redis)."""
+
+    @abstractmethod
+    async def fetch_readings(self) -> list[ProbeReading]:
+        """`take_readings` as of now: reads what was published since the last sync.
+        Raises StateUnavailable."""
 
     # -- introspection ---------------------------------------------------------------------
     @abstractmethod

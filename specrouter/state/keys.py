@@ -39,3 +39,12 @@ class KeySchema:
     def policy_channel(self) -> str:
         """Pub/sub channel; the message is the new version number."""
         return f"{self.prefix}:policy:changed"
+
+    def lock(self, name: str) -> str:
+        """String holding the token of the lock's holder, with the lock's TTL (SET NX PX)."""
+        return f"{self.prefix}:lock:{name}"
+
+    @property
+    def probe_readings(self) -> str:
+        """Stream of shared cost-probe readings (field `r`: JSON), capped by MAXLEN."""
+        return f"{self.prefix}:probe:readings"

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from specrouter.state.base import (
+    PROBE_READINGS_CAP,
     AuditEntry,
     LocalCounts,
     PolicyCache,
     PolicyDoc,
     PolicyRecord,
+    ProbeReading,
+    SeenReadings,
     StateStore,
     VersionConflict,
     check_replica_id,
@@ -27,6 +31,8 @@ class InMemoryStore(StateStore):
         self._counts = LocalCounts()
         self._policy = PolicyCache()
         self._audit: deque[AuditEntry] = deque(maxlen=audit_cap)
+        self._locks: dict[str, tuple[str, float]] = {}  # name -> token, monotonic expiry
+        self._readings = SeenReadings(self.replica_id, 4 * PROBE_READINGS_CAP)
 
     async def start(self) -> None:
         return None
@@ -74,6 +80,29 @@ class InMemoryStore(StateStore):
 
     async def audit(self, limit: int = 50) -> list[AuditEntry]:
         return list(self._audit)[: max(0, limit)]
+
+    async def try_lock(self, name: str, ttl_s: float) -> str | None:
+        now = time.monotonic()
+        held = self._locks.get(name)
+        if held is not None and held[1] > now:
+            return None
+        token = f"{self.replica_id}:{secrets.token_hex(8)}"
+        self._locks[name] = (token, now + ttl_s)
+        return token
+
+    async def unlock(self, name: str, token: str) -> None:
+        held = self._locks.get(name)
+        if held is not None and held[0] == token:
+            del self._locks[name]
+
+    async def publish_reading(self, reading: ProbeReading) -> None:
+        self._readings.offer(reading)
+
+    def take_readings(self) -> list[ProbeReading]:
+        return self._readings.take()
+
+    async def fetch_readings(self) -> list[ProbeReading]:
+        return self._readings.take()
 
     def status(self) -> dict[str, Any]:
         record = self._policy.record

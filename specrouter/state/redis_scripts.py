@@ -102,6 +102,16 @@ return {1, tostring(v), now}
 """
 
 
+# KEYS[1] a lock; ARGV[1] the token that took it. Deletes only the caller's own lock: one
+# that expired and was taken by another holder stays with that holder.
+_UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
 class RedisScripts:
     """The scripts registered on one client, called with the store's keys."""
 
@@ -114,6 +124,7 @@ class RedisScripts:
         self._refresh = client.register_script(_REFRESH_LUA)
         self._cas = client.register_script(_CAS_LUA)
         self._seed = client.register_script(_SEED_LUA)
+        self._unlock = client.register_script(_UNLOCK_LUA)
 
     async def publish(self, replica_id: str, counts: Mapping[str, int]) -> None:
         """Replace this replica's counts and mark it alive."""
@@ -143,6 +154,12 @@ class RedisScripts:
             keys=[self._keys.policy, self._keys.audit],
             args=[version, doc_json, actor, self._audit_cap, self._keys.policy_channel,
                   updated_at])
+        return result
+
+
+    async def unlock(self, name: str, token: str) -> int:
+        """1 when `token` held lock `name` and it is released, else 0."""
+        result: int = await self._unlock(keys=[self._keys.lock(name)], args=[token])
         return result
 
 

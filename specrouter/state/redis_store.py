@@ -10,6 +10,11 @@ Design (details and bounds in docs/state.md):
   version, appends the audit entry and publishes the new version, all atomically. Replicas
   adopt newer versions from pub/sub, and a reconcile loop compares versions every
   `reconcile_interval_s` in case a message was lost.
+- Locks (`try_lock`): `SET key token NX PX ttl`, released by a compare-and-delete script, so
+  a holder that dies loses its lock when the TTL runs out. Cost-probe readings: a stream
+  capped at `PROBE_READINGS_CAP` entries, read from the last entry seen at every reconcile
+  (from its start again after a reconnect: Redis may have restarted empty, and the ids of
+  the readings already taken keep them from being taken twice).
 - Failure: any Redis error in a background loop marks the store degraded (logged once), loops
   pause, a supervisor reconnects with exponential backoff and, once Redis answers, republishes
   counts, re-seeds the policy if Redis lost it, and refreshes the view before leaving degraded.
@@ -26,6 +31,7 @@ import contextlib
 import json
 import logging
 import random
+import secrets
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
@@ -39,11 +45,14 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from specrouter.state.base import (
+    PROBE_READINGS_CAP,
     AuditEntry,
     LocalCounts,
     PolicyCache,
     PolicyDoc,
     PolicyRecord,
+    ProbeReading,
+    SeenReadings,
     StateStore,
     StateUnavailable,
     VersionConflict,
@@ -95,6 +104,9 @@ class RedisStore(StateStore):
         self._others: dict[str, int] = {}
         self._others_at: float | None = None  # monotonic time of the last good refresh
         self._replicas_seen = 0
+        self._readings = SeenReadings(replica_id, 4 * PROBE_READINGS_CAP)
+        self._readings_cursor = "0-0"  # the last stream entry read
+        self._unsure_locks: dict[str, str] = {}  # name -> token of a SET that failed
 
         self._up = asyncio.Event()
         self._down = asyncio.Event()
@@ -239,6 +251,49 @@ class RedisStore(StateStore):
             raise StateUnavailable(f"redis failed: {self._describe(exc)}") from exc
         return [AuditEntry.from_json(item) for item in raw]
 
+    # -- locks and cost-probe readings (background tasks; may raise StateUnavailable) -------
+    async def try_lock(self, name: str, ttl_s: float) -> str | None:
+        """A SET that failed may still have been applied (a hung Redis runs it once it
+        wakes): its token is released on reconnect, so such a lock does not shut every
+        replica out for its whole TTL."""
+        token = f"{self.replica_id}:{secrets.token_hex(8)}"
+        ttl_ms = max(1, round(ttl_s * 1000))
+        try:
+            taken = await self._shared(
+                lambda: self._client.set(self._keys.lock(name), token, nx=True, px=ttl_ms))
+        except StateUnavailable:
+            self._unsure_locks[name] = token
+            raise
+        return token if taken else None
+
+    async def unlock(self, name: str, token: str) -> None:
+        await self._shared(lambda: self._scripts.unlock(name, token))
+
+    async def publish_reading(self, reading: ProbeReading) -> None:
+        await self._shared(lambda: self._client.xadd(
+            self._keys.probe_readings, {"r": reading.to_json()}, maxlen=PROBE_READINGS_CAP,
+            approximate=False))
+
+    def take_readings(self) -> list[ProbeReading]:
+        return self._readings.take()
+
+    async def fetch_readings(self) -> list[ProbeReading]:
+        await self._shared(self._read_readings)
+        return self._readings.take()
+
+    async def _shared(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """One call of a background task: StateUnavailable when Redis is down, fails or
+        answers what the store cannot read (then handled like a background loop's
+        failure: degraded until the supervisor reconnects)."""
+        if not self._up.is_set():
+            raise StateUnavailable("redis is unreachable")
+        try:
+            return await self._call(fn)
+        except Exception as exc:
+            await self._distrust_connections_after(exc)
+            self._mark_degraded(exc)
+            raise StateUnavailable(f"redis failed: {self._describe(exc)}") from exc
+
     # -- introspection ---------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         record = self._policy.record
@@ -285,6 +340,11 @@ class RedisStore(StateStore):
         await self._call(self._publish)
         await self._call(self._sync_policy)
         await self._call(self._refresh)
+        self._readings_cursor = "0-0"
+        await self._call(self._read_readings)
+        for name, token in list(self._unsure_locks.items()):
+            await self._call(partial(self._scripts.unlock, name, token))
+            del self._unsure_locks[name]
 
     async def _publish_loop(self) -> None:
         while True:
@@ -310,6 +370,7 @@ class RedisStore(StateStore):
             await asyncio.sleep(self.settings.reconcile_interval_s)
             await self._up.wait()
             await self._guarded(self._reconcile_version)
+            await self._guarded(self._read_readings)
 
     async def _pubsub_loop(self) -> None:
         """Fast path of policy propagation. Its errors never mark the store degraded (the
@@ -360,6 +421,20 @@ class RedisStore(StateStore):
         self._others = others
         self._others_at = time.monotonic()
         self._replicas_seen = max(seen, 1)
+
+    async def _read_readings(self) -> None:
+        """Take the readings published since the last one read."""
+        raw: Any = await self._client.xread(
+            {self._keys.probe_readings: self._readings_cursor}, count=4 * PROBE_READINGS_CAP)
+        for _stream, entries in raw or ():
+            for entry_id, fields in entries:
+                self._readings_cursor = entry_id
+                reading = ProbeReading.from_json(fields.get("r", ""))
+                if reading is None:
+                    self._warn_once(f"state: a cost-probe reading in "
+                                    f"{self._keys.probe_readings} cannot be read; ignored")
+                else:
+                    self._readings.offer(reading)
 
     async def _reconcile_version(self) -> None:
         stored = await self._client.hget(self._keys.policy, "version")
