@@ -177,6 +177,15 @@ class _Cancelled(Exception):
     """A request for the group arrived while a probe ran."""
 
 
+def probe_targets(group: str, pool: Pool, backend: Backend, batch: int,
+                  prompt_tokens: int) -> list[Target]:
+    """The targets of one probe round, as the router counts them in flight: each with its
+    unique prompt to prefill, which the cost model's readings of the round's telemetry
+    windows are taken net of (routing/learning.py)."""
+    return [Target(group, pool, backend, "cost_probe", prefill_tokens=float(prompt_tokens))
+            for _ in range(batch)]
+
+
 class CostProber:
     """Probes each group's unread pools in the background (`start`, `aclose`)."""
 
@@ -372,7 +381,7 @@ class CostProber:
         """`batch` generations of `tokens` sent together; cancelled (`_Cancelled`) as soon
         as the group holds a request that is not one of them. Generations that are still
         running when it ends (cancelled, or out of time) are aborted on the server."""
-        targets = [Target(group, pool, backend, "cost_probe") for _ in range(batch)]
+        targets = probe_targets(group, pool, backend, batch, self._settings.prompt_tokens)
         rids = [f"{PROBE_RID_PREFIX}{uuid.uuid4().hex}" for _ in targets]
         for target in targets:
             self._router.acquire(target)

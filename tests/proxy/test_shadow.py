@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from specrouter.proxy.shadow import probe_body
+from specrouter.backends import Backend
+from specrouter.proxy.shadow import probe_body, probe_targets
 
 
 def shadow(path: str, request: dict[str, object], tokens: int = 128) -> dict[str, object]:
@@ -38,3 +39,10 @@ def test_native_generate_cuts_max_new_tokens() -> None:
 def test_a_body_that_is_not_a_json_object_gives_no_probe() -> None:
     assert probe_body("/v1/chat/completions", b"[1, 2]", 128) is None
     assert probe_body("/v1/chat/completions", b"{not json", 128) is None
+
+
+def test_a_probe_rounds_targets_carry_their_prompts_to_prefill() -> None:
+    backend = Backend("g0-b", "http://h:2", "baseline", "g0")
+    targets = probe_targets("g0", "baseline", backend, 4, 512)
+    assert len(targets) == 4 and len({id(t) for t in targets}) == 4  # each counted apart
+    assert {(t.reason, t.prefill_tokens) for t in targets} == {("cost_probe", 512.0)}
