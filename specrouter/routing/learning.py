@@ -78,8 +78,8 @@ class SustainedLoad:
     def at_time(self, now: float) -> float:
         if self.at is None or now <= self.at:
             return self.value
-        falling = self.count < self.value and self.fall_tau_s is not None
-        tau = self.fall_tau_s if falling and self.fall_tau_s is not None else self.tau_s
+        tau = (self.fall_tau_s if self.fall_tau_s is not None and self.count < self.value
+               else self.tau_s)
         k = math.exp(-(now - self.at) / tau)
         return self.count + (self.value - self.count) * k
 
