@@ -6,7 +6,9 @@ complete) or frame them otherwise (not started, a sized body, HEAD)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import weakref
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from specrouter.edge.writer import CycleChunkWriter
+from specrouter.proxy.response import CHUNK_WRITER
 
 STREAM_HEAD = [(b"content-type", b"text/event-stream")]
 
@@ -85,3 +88,24 @@ def test_the_writer_refuses_where_send_would_not_write_a_chunk(state: str) -> No
         assert bytes(transport.written) == before
 
     asyncio.run(scenario())
+
+
+def test_a_cycle_whose_scope_holds_its_writer_is_freed_without_the_collector() -> None:
+    """The guard puts the writer in its cycle's scope: the writer must not hold the cycle,
+    or every request's cycle, scope and event would wait for a garbage collection."""
+    async def scenario() -> None:
+        c, _ = cycle()
+        writer = CycleChunkWriter(c)
+        c.scope["extensions"] = {CHUNK_WRITER: writer}
+        gone = weakref.ref(c)
+        del c
+        assert gone() is None  # freed by reference count alone (the collector is off)
+        assert not writer(b"data: {}\n\n")  # a writer whose cycle is gone refuses
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        if enabled:
+            gc.enable()
