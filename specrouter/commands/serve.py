@@ -208,12 +208,14 @@ def app_from_env() -> Any:
     in SPECROUTER_SERVE_SOURCE (already validated by `run`). uvicorn calls it in its event
     loop after installing its signal handlers, which the drain then wraps."""
     from specrouter.assembly import build_product
+    from specrouter.edge.collector import tune_collector
 
     source = json.loads(os.environ.get(SOURCE_ENV) or "{}")
     settings = load_settings(source.get("config"), source.get("overrides") or {})
     _setup_logging(settings)
     product = build_product(settings)
     _drain_on_signals(product.app.lifecycle, settings.shutdown.drain_timeout_s)
+    tune_collector()
     return product.asgi
 
 
