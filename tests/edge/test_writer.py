@@ -12,9 +12,12 @@ import weakref
 from typing import Any
 
 import pytest
+import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.server import ServerState
 
+from specrouter.edge.guard import GuardedHttpToolsProtocol
 from specrouter.edge.writer import CycleChunkWriter
 from specrouter.proxy.response import CHUNK_WRITER
 
@@ -101,6 +104,68 @@ def test_a_cycle_whose_scope_holds_its_writer_is_freed_without_the_collector() -
         del c
         assert gone() is None  # freed by reference count alone (the collector is off)
         assert not writer(b"data: {}\n\n")  # a writer whose cycle is gone refuses
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class _Socket(asyncio.Transport):
+    """A client connection's transport that keeps what the server wrote."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closing = False
+
+    def write(self, data: Any) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\n"
+           b"content-length: 2\r\n\r\n{}")
+
+
+def test_a_finished_request_on_the_guard_is_freed_without_the_collector() -> None:
+    """Whatever the guard's protocol puts in a request's scope (the chunk writer) must not
+    keep that request's cycle alive: a request that finished is freed by reference count
+    once the connection's next request replaced it."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEAD})
+        assert scope["extensions"][CHUNK_WRITER](b"data: {}\n\n")
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def scenario() -> None:
+        config = uvicorn.Config(app, lifespan="off", log_level="warning")
+        config.load()
+        protocol = GuardedHttpToolsProtocol(config=config, server_state=ServerState(),
+                                            app_state={})
+        protocol.connection_made(_Socket())
+        protocol.data_received(REQUEST)
+        first = weakref.ref(protocol.cycle)
+        await asyncio.gather(*protocol.tasks)
+        protocol.data_received(REQUEST)  # the next request replaces the first's cycle
+        await asyncio.gather(*protocol.tasks)
+        assert first() is None
+        protocol.connection_lost(None)
 
     enabled = gc.isenabled()
     gc.disable()
