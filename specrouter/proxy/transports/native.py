@@ -5,8 +5,9 @@ list of idle keep-alive connections per backend. Checking a connection out or in
 per body chunk the cost is one parser callback and one list append. It speaks only what
 the router needs: one request per connection at a time, bodies sent whole (a large one in
 slices as the socket drains, never copied), responses streamed, interim 1xx answers
-skipped. A diverted body (`NativeResponse.divert`) goes from the parser callback straight
-to the client's writer: no task wakes, no future is made, per chunk. A response head is
+skipped. A diverted body (`NativeResponse.divert`) goes from the parser straight to the
+client's writer: no task wakes, no future is made, per chunk, and the chunks of one socket
+read reach the writer together, as one write to the client. A response head is
 bounded in bytes and header count (`LimitSettings`).
 """
 
@@ -63,6 +64,7 @@ class Connection(asyncio.Protocol):
         self._head: asyncio.Future[None] | None = None
         self._chunks: list[bytes] = []
         self._divert: ChunkWriter | None = None
+        self._diverting: list[bytes] = []  # diverted body bytes of the read being parsed
         self._buffered = 0
         self._waiter: asyncio.Future[None] | None = None
         self._error: UpstreamError | None = None
@@ -91,9 +93,11 @@ class Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            self._pass_diverted()
             self._fail(UpstreamError(f"bad HTTP response from backend: {exc}"))
             self.close()
             return
+        self._pass_diverted()
         if in_head and self._head is not None and not self._head.done():
             # A head still incomplete after this many bytes is refused without waiting for
             # its end: what httptools buffers stays bounded (the limit plus one read).
@@ -167,11 +171,29 @@ class Connection(asyncio.Protocol):
             self._finish()
 
     def on_body(self, body: bytes) -> None:
-        divert = self._divert
-        if divert is not None:
-            if not self._chunks and divert(body):
+        if self._divert is not None:
+            if not self._chunks:
+                self._diverting.append(body)  # to the writer once the read is parsed
                 return
-            self._divert = None  # refused (or bytes wait ahead): buffered until re-armed
+            self._divert = None  # bytes wait ahead: buffered until re-armed
+        self._buffer(body)
+
+    def _pass_diverted(self) -> None:
+        """Hand the diverted bytes of the read just parsed to the writer in one call; what
+        it refuses is buffered, and so is every later byte until the consumer re-arms it.
+        Nothing overtakes them: the consumer runs only after the read's callbacks."""
+        pending = self._diverting
+        if not pending:
+            return
+        self._diverting = []
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        divert = self._divert
+        if divert is not None and divert(data):
+            return
+        self._divert = None
+        self._buffer(data)
+
+    def _buffer(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:

@@ -23,16 +23,20 @@ def chunk(data: bytes) -> bytes:
 
 
 class Steps:
-    """The server's side: `send(data)` writes one chunk, `end()` the last one."""
+    """The server's side: each item of `out` is one write: bytes as one chunk (empty: the
+    last chunk), a tuple of bytes as that many chunks in one write, None closes."""
 
     def __init__(self) -> None:
-        self.out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.out: asyncio.Queue[bytes | tuple[bytes, ...] | None] = asyncio.Queue()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(HEAD)
         while (data := await self.out.get()) is not None:
-            writer.write(chunk(data) if data else b"0\r\n\r\n")
+            if isinstance(data, tuple):
+                writer.write(b"".join(chunk(d) if d else b"0\r\n\r\n" for d in data))
+            else:
+                writer.write(chunk(data) if data else b"0\r\n\r\n")
             await writer.drain()
         writer.close()
 
@@ -94,6 +98,37 @@ def test_diverted_chunks_skip_iter_raw_and_refused_ones_come_back_in_order() -> 
             steps.out.put_nowait(None)
             assert [x async for x in chunks] == []  # the end still ends iter_raw
             assert writer.taken == [b"a", b"b", b"e"]
+            await response.aclose()
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+def test_the_chunks_of_one_read_reach_the_writer_in_one_call() -> None:
+    async def scenario() -> None:
+        steps = Steps()
+        server = await asyncio.start_server(steps.serve, "127.0.0.1", 0)
+        upstream = _upstream(NativeUpstream, server.sockets[0].getsockname()[1])
+        try:
+            response = await upstream.open("POST", "/v1/chat/completions", [], b"{}",
+                                           stream=True)
+            chunks = response.iter_raw()
+            steps.out.put_nowait(b"first")
+            assert await anext(chunks) == b"first"
+            writer = Writer()
+            assert response.divert(writer)
+            steps.out.put_nowait((b"a", b"b", b"c"))  # one write, read as one
+            await writer.got.wait()
+            assert writer.taken == [b"abc"]
+            writer.refuse = True
+            writer.got.clear()
+            steps.out.put_nowait((b"d", b"e", b""))  # refused together, then the end
+            await writer.got.wait()
+            assert [x async for x in chunks] == [b"de"]
+            assert writer.taken == [b"abc"]
             await response.aclose()
         finally:
             await upstream.aclose()
