@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from specrouter.edge.disconnect import CycleDisconnectWatch
 from specrouter.edge.writer import CycleChunkWriter
 from specrouter.errors import openai_error_body
-from specrouter.proxy.response import CHUNK_WRITER
+from specrouter.proxy.response import CHUNK_WRITER, DISCONNECT_WATCH
 
 
 def _response(status: int, reason: bytes, message: str) -> bytes:
@@ -62,6 +63,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_size = 0  # request line plus headers as parsed
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = None
+        self._watch: CycleDisconnectWatch | None = None  # the current cycle's
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -69,7 +71,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # marks the current cycle disconnected, as `receive` sees
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.lost()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -114,8 +119,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self._over_concurrency():
             super().on_headers_complete()
             if self.cycle is not None and self.cycle.scope is self.scope:
-                # the app may write its stream's chunks past `send` (`edge.writer`)
-                extensions: dict[str, Any] = {CHUNK_WRITER: CycleChunkWriter(self.cycle)}
+                # the app may write its stream's chunks past `send` (`edge.writer`) and
+                # learn of a disconnect without a task waiting in `receive` (`edge.disconnect`)
+                self._watch = CycleDisconnectWatch(self.cycle)
+                extensions: dict[str, Any] = {CHUNK_WRITER: CycleChunkWriter(self.cycle),
+                                              DISCONNECT_WATCH: self._watch}
                 self.scope["extensions"] = extensions
             return
         # uvicorn would answer its own plain-text 503; clients parse OpenAI errors. Its

@@ -47,6 +47,8 @@ from specrouter.proxy.request import (
 )
 from specrouter.proxy.response import (
     CHUNK_WRITER,
+    DISCONNECT_WATCH,
+    DisconnectWatch,
     StreamRelay,
     ended_with_done,
     is_event_stream,
@@ -164,8 +166,9 @@ class RequestCycle:
     `client_rids` are the rids the client set in a generation body (None: it set none).
     """
 
-    __slots__ = ("body", "client_gone", "client_rids", "finished", "generation", "head",
-                 "info", "method", "path", "proxy", "router", "send", "writer")
+    __slots__ = ("body", "client_gone", "client_rids", "disconnect_watch", "finished",
+                 "generation", "head", "info", "method", "path", "proxy", "router", "send",
+                 "task", "writer")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
                  body: RequestBody, info: RequestInfo, generation: bool = False) -> None:
@@ -173,8 +176,12 @@ class RequestCycle:
         self.router = proxy.router
         self.send = send
         extensions = scope.get("extensions")
-        self.writer: ChunkWriter | None = (extensions.get(CHUNK_WRITER)
-                                           if extensions is not None else None)
+        self.writer: ChunkWriter | None = None
+        self.disconnect_watch: DisconnectWatch | None = None
+        if extensions is not None:
+            self.writer = extensions.get(CHUNK_WRITER)
+            self.disconnect_watch = extensions.get(DISCONNECT_WATCH)
+        self.task: asyncio.Task[Any] | None = None
         self.head = head
         self.body = body
         self.info = info
@@ -186,29 +193,42 @@ class RequestCycle:
         self.client_rids = client_rids(body) if generation else None
 
     async def run(self, receive: Receive) -> None:
-        task = asyncio.current_task()
+        self.task = task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive, task))
+        watch = self.disconnect_watch
+        watcher: asyncio.Task[None] | None = None
+        if watch is not None:
+            watch(self._client_left)
+        else:
+            watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive))
         try:
             await self._forward()
         except asyncio.CancelledError:
-            # Our own watcher cancelled us because the client left: the upstream is
-            # already closed by the `finally` blocks below; nothing more to answer.
+            # We cancelled ourselves because the client left: the upstream is already
+            # closed by the `finally` blocks below; nothing more to answer.
             if self.client_gone and task.uncancel() == 0:
                 return
             raise
         finally:
             self.finished = True
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
+            elif watch is not None:
+                watch(None)
 
-    async def _watch_disconnect(self, receive: Receive, task: asyncio.Task[Any]) -> None:
-        """Cancel the request's task the moment the client goes away."""
+    def _client_left(self) -> None:
+        """Cancel the request's task the moment the client goes away (once it finished,
+        the last message is on its way and nothing is cancelled)."""
+        if not self.finished and self.task is not None:
+            self.client_gone = True
+            self.task.cancel()
+
+    async def _watch_disconnect(self, receive: Receive) -> None:
+        """Without the server's disconnect watch: wait in `receive` for the client to go."""
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                if not self.finished:
-                    self.client_gone = True
-                    task.cancel()
+                self._client_left()
                 return
 
     async def _forward(self) -> None:

@@ -4,7 +4,7 @@ answers it makes itself, and the error event that ends a broken stream."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from starlette.types import Send
 
@@ -30,6 +30,11 @@ STREAM_TAIL = 32  # bytes of a stream kept to check that it ended with `data: [D
 #: connection: it writes one chunk of the chunked response the app already started, or
 #: refuses (returns False) whenever the app's `send` would have to wait or would drop it.
 CHUNK_WRITER = "specrouter.chunk_writer"
+#: The scope extension under which a server offers a `DisconnectWatch`: `watch(callback)`
+#: arms `callback`, called once from the event loop if the client leaves before the
+#: response completed (soon, if it already left); `watch(None)` disarms it.
+DISCONNECT_WATCH = "specrouter.disconnect_watch"
+DisconnectWatch = Callable[[Callable[[], None] | None], None]
 
 
 def target_headers(target: Target, request_id: bytes) -> RawHeaders:
