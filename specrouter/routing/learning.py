@@ -64,6 +64,15 @@ class PrefillLog:
         return sum(n for t, n in self.admitted if start < t <= end)
 
 
+def decode_batch(inflight: float, polled_running: float, cap: int | None) -> float:
+    """The batch a window's steps decoded: the router's mean in-flight count, but no more
+    than the engine's mean running count as polled within the window (requests waiting or
+    being prefilled are in flight and not in the decode batch: SGLang's
+    `num_running_reqs` is its running batch) nor than the batch cap."""
+    batch = min(inflight, float(cap)) if cap else inflight
+    return min(batch, polled_running) if polled_running > 0 else batch
+
+
 @dataclass
 class SustainedLoad:
     """Time-weighted exponential average of a count that changes by steps: it rises with
@@ -123,6 +132,8 @@ class CostLearning:
                           for g in groups}
         self._sustained = {g: SustainedLoad(sustained_s, sustained_fall_s) for g in groups}
         self._windows: dict[str, tuple[float, float]] = {}  # backend -> (rate, first seen)
+        # backend -> (sum, count) of the engine's running counts polled in its current window
+        self._running: dict[str, tuple[int, int]] = {}
 
     @property
     def groups(self) -> tuple[str, ...]:
@@ -175,9 +186,13 @@ class CostLearning:
         if rate is None:
             return
         prev = self._windows.get(backend)
+        total, polls = self._running.get(backend, (0, 0))
         if prev is not None and prev[0] == rate:
+            self._running[backend] = (total + sample.running, polls + 1)
             return
         self._windows[backend] = (rate, sample.received_at)
+        polled = (total + sample.running) / (polls + 1)
+        self._running[backend] = (0, 0)
         if prev is None or rate <= 0:
             return
         # the window's ends are known to a poll: widen it by one so no idle gap is missed
@@ -187,9 +202,8 @@ class CostLearning:
         tokens = self._tokens_per_step(b, end)
         if tokens is None:
             return
-        batch = b.history.mean(prev[1], end)
-        cap = learner.model_cap(b.pool, end)  # requests beyond it queue: they do not decode
-        batch = min(batch, float(cap)) if cap else batch
+        batch = decode_batch(b.history.mean(prev[1], end), polled,
+                             learner.model_cap(b.pool, end))
         ms = step_ms(batch, tokens, rate)
         if ms is None:
             return

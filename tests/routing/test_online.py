@@ -9,7 +9,7 @@ import pytest
 
 from specrouter.observe.loadview import EngineSample, InflightHistory, LoadView
 from specrouter.routing.costmodel import GroupCostModel, PolyCurve
-from specrouter.routing.learning import CostLearning, SustainedLoad
+from specrouter.routing.learning import CostLearning, SustainedLoad, decode_batch
 from specrouter.routing.online import OnlineCostModel, step_ms
 
 # seed-coding's step lines at ctx 1024 (as lines: crossover 2.7 at accept 2.0) and
@@ -185,6 +185,22 @@ def test_a_window_is_read_net_of_the_prefill_sent_within_it() -> None:
     assert baseline_step_read(2000.0, ms_per_token=0.0) == pytest.approx(25.0)
     # prefill estimated at 64% of the window: the step left is no reading
     assert baseline_step_read(32_000.0) is None
+
+
+def test_a_windows_batch_is_what_the_engine_ran_not_what_waited() -> None:
+    v = group_view()
+    learning = CostLearning(v)
+    for _ in range(8):  # 8 in flight, of which the engine runs 4 (4 wait or prefill)
+        v.acquire("b", 0.0)
+    learning.sample("b", sample(0.5, 100.0, running=4))
+    learning.sample("b", sample(1.0, 100.0, running=4))  # polled within the window
+    learning.sample("b", sample(1.5, 160.0, running=4))
+    fit = learning.learner("g").learned(1.5)["baseline"]
+    assert fit.batch_range == (4.0, 4.0)
+    mean = learning.learner("g")._fits["baseline"].mean()
+    assert mean is not None and mean[1] == pytest.approx(25.0)  # 4 x 1 token / 160 tok/s
+    assert decode_batch(8.0, 0.0, None) == 8.0  # no running count polled: the router's
+    assert decode_batch(8.0, 6.0, 5) == 5.0  # never past the cap
 
 
 def test_a_window_with_an_idle_gap_is_no_reading() -> None:
