@@ -8,12 +8,14 @@ step started by the test, so the order of arrivals is the test's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from specrouter.backends import Backend
 from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.proxy.transports.httpx import HttpxUpstream
 from specrouter.proxy.transports.native import NativeUpstream
-from specrouter.proxy.upstream import Upstream
+from specrouter.proxy.upstream import Upstream, UpstreamResponse
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -64,14 +66,26 @@ def _upstream(kind: type[NativeUpstream] | type[HttpxUpstream], port: int) -> Up
     return upstream
 
 
+@contextlib.asynccontextmanager
+async def served(kind: type[NativeUpstream] | type[HttpxUpstream]
+                 ) -> AsyncIterator[tuple[Steps, UpstreamResponse]]:
+    """A streamed POST answered by a loopback `Steps` server, through `kind`; the server
+    and the upstream are closed when the block ends."""
+    steps = Steps()
+    server = await asyncio.start_server(steps.serve, "127.0.0.1", 0)
+    upstream = _upstream(kind, server.sockets[0].getsockname()[1])
+    try:
+        yield steps, await upstream.open("POST", "/v1/chat/completions", [], b"{}",
+                                         stream=True)
+    finally:
+        await upstream.aclose()
+        server.close()
+        await server.wait_closed()
+
+
 def test_diverted_chunks_skip_iter_raw_and_refused_ones_come_back_in_order() -> None:
     async def scenario() -> None:
-        steps = Steps()
-        server = await asyncio.start_server(steps.serve, "127.0.0.1", 0)
-        upstream = _upstream(NativeUpstream, server.sockets[0].getsockname()[1])
-        try:
-            response = await upstream.open("POST", "/v1/chat/completions", [], b"{}",
-                                           stream=True)
+        async with served(NativeUpstream) as (steps, response):
             chunks = response.iter_raw()
             steps.out.put_nowait(b"first")
             assert await anext(chunks) == b"first"
@@ -99,22 +113,13 @@ def test_diverted_chunks_skip_iter_raw_and_refused_ones_come_back_in_order() -> 
             assert [x async for x in chunks] == []  # the end still ends iter_raw
             assert writer.taken == [b"a", b"b", b"e"]
             await response.aclose()
-        finally:
-            await upstream.aclose()
-            server.close()
-            await server.wait_closed()
 
     asyncio.run(scenario())
 
 
 def test_the_chunks_of_one_read_reach_the_writer_in_one_call() -> None:
     async def scenario() -> None:
-        steps = Steps()
-        server = await asyncio.start_server(steps.serve, "127.0.0.1", 0)
-        upstream = _upstream(NativeUpstream, server.sockets[0].getsockname()[1])
-        try:
-            response = await upstream.open("POST", "/v1/chat/completions", [], b"{}",
-                                           stream=True)
+        async with served(NativeUpstream) as (steps, response):
             chunks = response.iter_raw()
             steps.out.put_nowait(b"first")
             assert await anext(chunks) == b"first"
@@ -130,22 +135,13 @@ def test_the_chunks_of_one_read_reach_the_writer_in_one_call() -> None:
             assert [x async for x in chunks] == [b"de"]
             assert writer.taken == [b"abc"]
             await response.aclose()
-        finally:
-            await upstream.aclose()
-            server.close()
-            await server.wait_closed()
 
     asyncio.run(scenario())
 
 
 def test_the_httpx_transport_declines_to_divert() -> None:
     async def scenario() -> None:
-        steps = Steps()
-        server = await asyncio.start_server(steps.serve, "127.0.0.1", 0)
-        upstream = _upstream(HttpxUpstream, server.sockets[0].getsockname()[1])
-        try:
-            response = await upstream.open("POST", "/v1/chat/completions", [], b"{}",
-                                           stream=True)
+        async with served(HttpxUpstream) as (steps, response):
             writer = Writer()
             assert not response.divert(writer)
             for data in (b"x", b"", None):
@@ -153,9 +149,5 @@ def test_the_httpx_transport_declines_to_divert() -> None:
             assert b"".join([c async for c in response.iter_raw()]) == b"x"
             assert writer.taken == []
             await response.aclose()
-        finally:
-            await upstream.aclose()
-            server.close()
-            await server.wait_closed()
 
     asyncio.run(scenario())
