@@ -114,29 +114,14 @@ def test_a_cycle_whose_scope_holds_its_writer_is_freed_without_the_collector() -
             gc.enable()
 
 
-class _Socket(asyncio.Transport):
+class _Socket(Transport):
     """A client connection's transport that keeps what the server wrote."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-
-    def write(self, data: Any) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
 
     def close(self) -> None:
         self.closing = True
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return default
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
 
 
 REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\n"
