@@ -28,6 +28,11 @@ class Backend:
     group: str
     api_key: str | None = field(default=None, repr=False)  # never printed
 
+    @property
+    def authorization(self) -> bytes | None:
+        """The `authorization` header value the router sends this server, if it has a key."""
+        return None if self.api_key is None else b"Bearer " + self.api_key.encode()
+
     @classmethod
     def from_config(cls, config: BackendConfig) -> Backend:
         key = config.api_key.get_secret_value() if config.api_key is not None else None

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from specrouter.errors import JSON_HEADERS
 from specrouter.proxy.upstream import RawHeaders, RequestBody, Upstream, UpstreamError
 from specrouter.routing.router import Router, Target
 from specrouter.tasks import cancel_and_wait
@@ -33,7 +34,6 @@ from specrouter.tasks import cancel_and_wait
 log = logging.getLogger("specrouter.proxy")
 
 ABORT_PATH = "/abort_request"
-_JSON = (b"content-type", b"application/json")
 _ABORT_HEADERS = frozenset({b"authorization", b"x-request-id"})
 _JSON_SPACE = b" \t\r\n"
 
@@ -83,7 +83,20 @@ def with_rid(body: RequestBody, rid: str) -> bytes:
 
 def abort_headers(request_headers: RawHeaders) -> RawHeaders:
     """The abort's headers: the credentials and request id the attempt was sent with."""
-    return [_JSON, *((k, v) for k, v in request_headers if k in _ABORT_HEADERS)]
+    return [*JSON_HEADERS, *((k, v) for k, v in request_headers if k in _ABORT_HEADERS)]
+
+
+async def send_abort(upstream: Upstream, rid: str, headers: RawHeaders) -> int:
+    """`POST /abort_request {"rid": rid}` to one server, its answer read to the end; the
+    HTTP status it answered (`UpstreamError` when it answered none)."""
+    body = json.dumps({"rid": rid}).encode()
+    response = await upstream.open("POST", ABORT_PATH, headers, body, stream=False)
+    try:
+        async for _ in response.iter_raw():
+            pass
+    finally:
+        await response.aclose()
+    return response.status
 
 
 class Abandoner:
@@ -134,19 +147,13 @@ class Abandoner:
         name = target.backend.name
         upstream = self._upstreams[name]
         for rid in rids:
-            body = json.dumps({"rid": rid}).encode()
             try:
-                response = await upstream.open("POST", ABORT_PATH, headers, body, stream=False)
-                try:
-                    async for _ in response.iter_raw():
-                        pass
-                finally:
-                    await response.aclose()
+                status = await send_abort(upstream, rid, headers)
             except UpstreamError as exc:
                 log.info("abort of %s on %s failed: %s", rid, name, exc)
                 return False
-            if not 200 <= response.status < 300:
-                log.info("abort of %s on %s answered HTTP %d", rid, name, response.status)
+            if not 200 <= status < 300:
+                log.info("abort of %s on %s answered HTTP %d", rid, name, status)
                 return False
         return True
 

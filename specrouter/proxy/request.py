@@ -58,10 +58,9 @@ class RequestHead:
         """Headers for one backend: its own API key replaces the client's credentials;
         `request_id` replaces the client's id (a shadow probe carries its own)."""
         headers = list(self.forward)
-        if backend.api_key is not None:
-            headers.append((b"authorization", b"Bearer " + backend.api_key.encode()))
-        elif self.authorization is not None:
-            headers.append((b"authorization", self.authorization))
+        authorization = backend.authorization or self.authorization
+        if authorization is not None:
+            headers.append((b"authorization", authorization))
         headers.append((REQUEST_ID, request_id if request_id is not None else self.request_id))
         return headers
 

@@ -42,8 +42,9 @@ from typing import Any, Literal, Protocol
 
 from specrouter.backends import Backend, Pool
 from specrouter.config import CostProbeSettings
+from specrouter.errors import JSON_HEADERS
 from specrouter.observe.loadview import GroupView
-from specrouter.proxy.abort import ABORT_PATH
+from specrouter.proxy.abort import send_abort
 from specrouter.proxy.upstream import RawHeaders, RequestBody, Upstream, UpstreamError
 from specrouter.routing.costprobe import (
     PROBE_PATH,
@@ -156,7 +157,6 @@ _ABORT_S = 2.0
 _LOCK_SLACK_S = 2.0
 #: A shared reading weighing less than this after its age's decay is not folded in.
 _MIN_SHARED_WEIGHT = 0.01
-_JSON = (b"content-type", b"application/json")
 
 #: How a probe attempt ended: a reading of every batch; the group was busy; another
 #: replica holds the group's lock; a reading another replica published made it unneeded;
@@ -231,7 +231,7 @@ class CostProber:
                 if await self.probe(group, pool) not in ("locked", "busy"):
                     break
                 await asyncio.sleep(_WATCH_S * 10)
-                self._fold(self._store.take_readings() if self._store is not None else [])
+                self._fold_taken()
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -239,7 +239,7 @@ class CostProber:
 
     async def _run(self) -> None:
         while True:
-            self._fold(self._store.take_readings() if self._store is not None else [])
+            self._fold_taken()
             for group in self._monitor.learning.groups:
                 for pool in POOLS:
                     if self._due(group, pool):
@@ -349,6 +349,11 @@ class CostProber:
         with contextlib.suppress(StateError):
             await self._store.publish_reading(reading)
 
+    def _fold_taken(self) -> None:
+        """Fold in the readings other replicas published, as of the store's last sync."""
+        if self._store is not None:
+            self._fold(self._store.take_readings())
+
     async def _fold_fresh(self) -> None:
         """Fold in the readings published up to now (the lock's holder reads them before
         it probes: a pool another replica read just before it released the lock is not
@@ -403,18 +408,15 @@ class CostProber:
 
     async def _abort(self, backend: Backend, rid: str) -> None:
         """Stop a cancelled probe on the server now (best effort)."""
-        body = json.dumps({"rid": rid}).encode()
         with contextlib.suppress(UpstreamError, TimeoutError):
             async with asyncio.timeout(_ABORT_S):
-                response = await self._upstreams[backend.name].open(
-                    "POST", ABORT_PATH, self._headers(backend), body, stream=False)
-                await response.aclose()
+                await send_abort(self._upstreams[backend.name], rid, self._headers(backend))
+
     @staticmethod
     def _headers(backend: Backend) -> RawHeaders:
-        headers: RawHeaders = [_JSON]
-        if backend.api_key is not None:
-            headers.append((b"authorization", b"Bearer " + backend.api_key.encode()))
-        return headers
+        authorization = backend.authorization
+        return [*JSON_HEADERS, *([] if authorization is None else
+                                 [(b"authorization", authorization)])]
 
     async def _one(self, backend: Backend, pool: Pool, tokens: int,
                    rid: str) -> ProbeAnswer | None:
