@@ -9,6 +9,7 @@ import asyncio
 import gc
 import logging
 import weakref
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -93,6 +94,18 @@ def test_the_writer_refuses_where_send_would_not_write_a_chunk(state: str) -> No
     asyncio.run(scenario())
 
 
+def run_without_collector(scenario: Coroutine[Any, Any, None]) -> None:
+    """Run `scenario` with the garbage collector off: what it frees, reference counts
+    freed."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        asyncio.run(scenario)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_a_cycle_whose_scope_holds_its_writer_is_freed_without_the_collector() -> None:
     """The guard puts the writer in its cycle's scope: the writer must not hold the cycle,
     or every request's cycle, scope and event would wait for a garbage collection."""
@@ -105,13 +118,7 @@ def test_a_cycle_whose_scope_holds_its_writer_is_freed_without_the_collector() -
         assert gone() is None  # freed by reference count alone (the collector is off)
         assert not writer(b"data: {}\n\n")  # a writer whose cycle is gone refuses
 
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        asyncio.run(scenario())
-    finally:
-        if enabled:
-            gc.enable()
+    run_without_collector(scenario())
 
 
 class _Socket(Transport):
@@ -152,10 +159,4 @@ def test_a_finished_request_on_the_guard_is_freed_without_the_collector() -> Non
         assert first() is None
         protocol.connection_lost(None)
 
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        asyncio.run(scenario())
-    finally:
-        if enabled:
-            gc.enable()
+    run_without_collector(scenario())

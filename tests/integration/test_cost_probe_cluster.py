@@ -111,6 +111,12 @@ def counted_group(sim_group: Any) -> Iterator[tuple[dict[str, str], ProbeCount]]
         thread.join(10)
 
 
+def _backends(urls: dict[str, str]) -> list[dict[str, str]]:
+    """The counted group's two servers as the router's backends."""
+    return [{"name": f"gpu0-{pool}", "url": urls[pool], "pool": pool, "group": "gpu0"}
+            for pool in ("eagle", "baseline")]
+
+
 def _learned(proc: RouterProc) -> dict[str, Any]:
     group: dict[str, Any] = httpx.get(f"{proc.url}/policy", timeout=5.0).json()["groups"][0]
     learned: dict[str, Any] = group["learned"]
@@ -122,8 +128,7 @@ def test_replicas_starting_together_probe_each_pool_once_one_at_a_time(
     router: RouterFactory,
 ) -> None:
     urls, count = counted_group
-    backends = [{"name": f"gpu0-{pool}", "url": urls[pool], "pool": pool, "group": "gpu0"}
-                for pool in ("eagle", "baseline")]
+    backends = _backends(urls)
     env = {
         "SPECROUTER_REDIS_URL": redis_server.url(),
         "SPECROUTER_STATE": json.dumps({"key_prefix": "probelock"}),
@@ -151,8 +156,7 @@ def test_with_redis_unreachable_a_replica_still_probes_on_its_own(
     counted_group: tuple[dict[str, str], ProbeCount], router: RouterFactory,
 ) -> None:
     urls, count = counted_group
-    backends = [{"name": f"gpu0-{pool}", "url": urls[pool], "pool": pool, "group": "gpu0"}
-                for pool in ("eagle", "baseline")]
+    backends = _backends(urls)
     proc = router(backends, env={
         "SPECROUTER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens
         "SPECROUTER_COST_PROBE": json.dumps({
@@ -170,8 +174,7 @@ def test_the_lock_of_a_replica_killed_mid_probe_expires_and_another_probes(
     router: RouterFactory,
 ) -> None:
     urls, count = counted_group
-    backends = [{"name": f"gpu0-{pool}", "url": urls[pool], "pool": pool, "group": "gpu0"}
-                for pool in ("eagle", "baseline")]
+    backends = _backends(urls)
 
     def env(tokens: int, timeout_s: float) -> dict[str, str]:
         return {

@@ -83,14 +83,22 @@ async def served(kind: type[NativeUpstream] | type[HttpxUpstream]
         await server.wait_closed()
 
 
+async def diverted_after_first(steps: Steps, response: UpstreamResponse
+                               ) -> tuple[AsyncIterator[bytes], Writer]:
+    """The first chunk read through `iter_raw` (it goes out through ASGI), then a writer
+    armed for the rest."""
+    chunks = response.iter_raw()
+    steps.out.put_nowait(b"first")
+    assert await anext(chunks) == b"first"
+    writer = Writer()
+    assert response.divert(writer)
+    return chunks, writer
+
+
 def test_diverted_chunks_skip_iter_raw_and_refused_ones_come_back_in_order() -> None:
     async def scenario() -> None:
         async with served(NativeUpstream) as (steps, response):
-            chunks = response.iter_raw()
-            steps.out.put_nowait(b"first")
-            assert await anext(chunks) == b"first"
-            writer = Writer()
-            assert response.divert(writer)
+            chunks, writer = await diverted_after_first(steps, response)
             for data in (b"a", b"b"):
                 writer.got.clear()
                 steps.out.put_nowait(data)
@@ -120,11 +128,7 @@ def test_diverted_chunks_skip_iter_raw_and_refused_ones_come_back_in_order() -> 
 def test_the_chunks_of_one_read_reach_the_writer_in_one_call() -> None:
     async def scenario() -> None:
         async with served(NativeUpstream) as (steps, response):
-            chunks = response.iter_raw()
-            steps.out.put_nowait(b"first")
-            assert await anext(chunks) == b"first"
-            writer = Writer()
-            assert response.divert(writer)
+            chunks, writer = await diverted_after_first(steps, response)
             steps.out.put_nowait((b"a", b"b", b"c"))  # one write, read as one
             await writer.got.wait()
             assert writer.taken == [b"abc"]
