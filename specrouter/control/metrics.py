@@ -178,6 +178,10 @@ class RouterMetrics:
         self.recalls = Counter(f"{PREFIX}_recalls",
                                "EAGLE-3 streams recalled before their first byte and sent "
                                "to the baseline pool, by group", ["group"], registry=r)
+        self.handovers = Counter(f"{PREFIX}_handovers",
+                                 "EAGLE-3 streams handed over after their first byte and "
+                                 "continued on another backend, by group", ["group"],
+                                 registry=r)
         self.affinity = Counter(f"{PREFIX}_affinity", "Requests with a prompt prefix or "
                                 "session key, by whether they went to a backend believed to "
                                 "hold part of it (hit) or not (miss)", ["result"], registry=r)
@@ -218,6 +222,9 @@ class RouterMetrics:
 
     def observe_recall(self, group: str) -> None:
         self._child(self.recalls, group).inc()
+
+    def observe_handover(self, group: str) -> None:
+        self._child(self.handovers, group).inc()
 
     def observe_upstream_error(self, backend: str) -> None:
         self._child(self.upstream_errors, backend).inc()

@@ -9,8 +9,9 @@ only with the first output, so both leave together). A connection failure, a ret
 status, or a stream whose first event is an error with a retryable status (SGLang's
 queue-full answer, `first_event`) is tried once more on another backend, before any
 byte reached the client. A recall (`Target.recall`) before the first chunk closes the
-upstream request and routes the request again. While the cycle runs, a watcher task
-waits for the client to disconnect and cancels the cycle.
+upstream request and routes the request again; after it, the same event hands the
+stream over to the next target as a continuation (`handover`). While the cycle runs, a
+disconnect of the client cancels it.
 
 Each generation attempt carries an SGLang `rid`; an attempt left before its backend
 finished it (recalled, client gone, backend silent) is aborted by that rid and counts in
@@ -29,9 +30,20 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from specrouter.config import Settings
-from specrouter.errors import RouterError, openai_error_body
+from specrouter.errors import RouterError, openai_error_body, sse_error_event
 from specrouter.proxy.abort import Abandoner, abort_headers, client_rids, new_rid, with_rid
 from specrouter.proxy.first_event import event_status, first_chunk
+from specrouter.proxy.handover import (
+    CHAT_PATH,
+    COMPLETIONS_PATH,
+    Continuation,
+    Restamp,
+    boundary,
+    continuable,
+    continuation,
+    parse_body,
+    read_sent,
+)
 from specrouter.proxy.recall import Recalled, unless_recalled
 from specrouter.proxy.request import (
     REQUEST_ID,
@@ -71,9 +83,24 @@ from specrouter.proxy.upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from specrouter.routing.router import NoBackendAvailable, Probe, RequestInfo, Router, Target
+from specrouter.routing.router import (
+    NoBackendAvailable,
+    Probe,
+    RecallEvent,
+    RequestInfo,
+    Router,
+    Target,
+)
 
 log = logging.getLogger("specrouter.proxy")
+
+
+class _HandOver(Exception):
+    """The stream's group switched to the baseline: continue it elsewhere."""
+
+    def __init__(self, handed: Continuation) -> None:
+        super().__init__("handed over")
+        self.handed = handed
 
 
 class _Retry(Exception):
@@ -119,6 +146,7 @@ class Proxy:
         # a stream's first event with one of these statuses is retried like the status
         self.event_retry_statuses = self.retry_statuses | {503}
         self.set_rid = settings.upstream.abort_abandoned
+        self.handover_max_tokens = settings.admission.handover_max_tokens
         self.affinity = settings.affinity if settings.affinity.enabled else None
         self.prober = ShadowProber(router, upstreams, settings.timeouts.total)
         self.abandoner = Abandoner(router, upstreams, abort=settings.upstream.abort_abandoned,
@@ -164,11 +192,12 @@ class RequestCycle:
     `finished` is set just before the final response message goes out: from then on a
     client disconnect no longer cancels the cycle. `client_gone` says the watcher did.
     `client_rids` are the rids the client set in a generation body (None: it set none).
+    `handed` restamps the events of a continuation once the stream was handed over.
     """
 
     __slots__ = ("body", "client_gone", "client_rids", "disconnect_watch", "finished",
-                 "generation", "head", "info", "method", "path", "proxy", "router", "send",
-                 "task", "writer")
+                 "generation", "handed", "head", "info", "method", "path", "proxy", "router",
+                 "send", "task", "writer")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
                  body: RequestBody, info: RequestInfo, generation: bool = False) -> None:
@@ -191,6 +220,7 @@ class RequestCycle:
         self.finished = False
         self.generation = generation
         self.client_rids = client_rids(body) if generation else None
+        self.handed: Restamp | None = None
 
     async def run(self, receive: Receive) -> None:
         self.task = task = asyncio.current_task()
@@ -253,7 +283,7 @@ class RequestCycle:
                 return
             if target.probe is not None:
                 self._send_probe(target.probe)
-            may_retry = self.proxy.retry and not tried
+            may_retry = self.proxy.retry and not tried and self.handed is None
             attempt = self._prepare(target)
             self.router.acquire(target)
             try:
@@ -268,6 +298,12 @@ class RequestCycle:
                 self.info = replace(self.info, recalled=True)
                 log.info("request %s: recalled from %s before its first byte",
                          self.head.request_id.decode(), target.backend.name)
+            except _HandOver as move:
+                self.body, self.handed = move.handed.body, Restamp(move.handed)
+                self.info = replace(self.info, recalled=True, handed_over=True)
+                log.info("request %s: handed over from %s after %d events",
+                         self.head.request_id.decode(), target.backend.name,
+                         move.handed.sent.events)
             finally:
                 self._leave(attempt)
 
@@ -337,7 +373,9 @@ class RequestCycle:
                 attempt.settled = True
                 self.router.record_outcome(name, False, f"HTTP {status}")
                 raise _Retry(status, f"backend {name} answered HTTP {status}")
-            if is_event_stream(response.headers):
+            if self.handed is not None:
+                error = await self._relay_continuation(response, attempt, self.handed)
+            elif is_event_stream(response.headers):
                 error = await self._relay_stream(response, attempt, may_retry)
             else:
                 error = await self._relay_buffered(response, target)
@@ -371,12 +409,19 @@ class RequestCycle:
 
     async def _refuse(self, err: RouterError) -> None:
         self.finished = True
+        if self.handed is not None:
+            log.warning("request %s: %s", self.head.request_id.decode(), err.message)
+            await self._end_handed(err.message, err.status)
+            return
         await send_json(self.send, err.status, err.body(),
                         [(REQUEST_ID, self.head.request_id), *err.headers])
 
     async def _fail(self, target: Target, status: int, message: str) -> None:
         log.warning("request %s: %s", self.head.request_id.decode(), message)
         self.finished = True
+        if self.handed is not None:
+            await self._end_handed(message, status)
+            return
         body = openai_error_body(status, message)
         await send_json(self.send, status, body, target_headers(target, self.head.request_id))
 
@@ -385,8 +430,9 @@ class RequestCycle:
         """Pass SSE chunks through as they arrive; end a broken stream with an error event.
         Returns what went wrong upstream, if anything. The response head leaves with the
         first chunk; before it, a recall raises Recalled and, while a retry is possible, a
-        first event with a retryable status raises _Retry. After the first chunk the body
-        is diverted to the client's chunk writer when the server offers one
+        first event with a retryable status raises _Retry; after it, a recall raises
+        _HandOver once the client got a whole event (`_hand_over_at`). After the first
+        chunk the body is diverted to the client's chunk writer when the server offers one
         (`CHUNK_WRITER`): chunks then go from the upstream's socket to the client's with
         no ASGI message and no task switch; whatever the writer refuses comes back
         through `iter_raw` and `send`, which waits for the client to drain."""
@@ -395,7 +441,8 @@ class RequestCycle:
         start = {"type": "http.response.start", "status": response.status, "headers": headers}
         send = self.send
         started = False
-        relay = StreamRelay(self.writer)
+        handover = self._may_hand_over(target)
+        relay = StreamRelay(self.writer, record=handover)
         direct = self.writer is not None
         error: str | None = None
         code = 502
@@ -409,20 +456,20 @@ class RequestCycle:
                 started = True
                 await send({"type": "http.response.body", "body": first, "more_body": True})
                 relay.sent(first)
+                if handover and target.recall is not None:
+                    _hold_on(target.recall, relay)
                 direct = direct and response.divert(relay.write)
                 async for chunk in chunks:
+                    if chunk and relay.holding:
+                        chunk = await self._hand_over_at(relay, chunk, target)
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})
                         relay.sent(chunk)
                         if direct:
                             response.divert(relay.write)
-        except UpstreamTimeout as exc:
-            error, code = f"backend went silent: {exc}", 504
-        except UpstreamOverLimit as exc:
-            error, attempt.cut_by_router = f"stream stopped by the router: {exc}", True
         except UpstreamError as exc:
-            error = f"backend stream failed: {exc}"
+            error, code = self._stream_failure(exc, attempt)
         else:
             attempt.settled = True
             if not ended_with_done(relay.tail):
@@ -434,6 +481,99 @@ class RequestCycle:
             await send(start)
         await send({"type": "http.response.body", "body": trailer, "more_body": False})
         return error
+
+    @staticmethod
+    def _stream_failure(exc: UpstreamError, attempt: _Attempt) -> tuple[str, int]:
+        """What the client's error event says of an upstream failure mid-stream."""
+        if isinstance(exc, UpstreamTimeout):
+            return f"backend went silent: {exc}", 504
+        if isinstance(exc, UpstreamOverLimit):
+            attempt.cut_by_router = True
+            return f"stream stopped by the router: {exc}", 502
+        return f"backend stream failed: {exc}", 502
+
+    def _may_hand_over(self, target: Target) -> bool:
+        """Whether this stream may be handed over after its first byte: an EAGLE-3
+        stream the router may recall, of a route a continuation exists for."""
+        return (target.recall is not None and target.pool == "eagle"
+                and self.proxy.handover_max_tokens > 0
+                and self.info.path in (CHAT_PATH, COMPLETIONS_PATH))
+
+    async def _hand_over_at(self, relay: StreamRelay, chunk: bytes, target: Target) -> bytes:
+        """The group switched (`relay.holding`): once the client's bytes end on an event
+        boundary, raise _HandOver if the stream can be continued elsewhere; else stop
+        holding. Returns what of `chunk` is still to be sent."""
+        if not relay.at_boundary:
+            cut = boundary(chunk)
+            if cut == 0:
+                return chunk  # the event goes on in the next chunk
+            head, chunk = chunk[:cut], chunk[cut:]
+            await self.send({"type": "http.response.body", "body": head, "more_body": True})
+            relay.sent(head)
+        handed = self._continuation(relay, target)
+        if handed is not None:
+            raise _HandOver(handed)
+        relay.holding, relay.record = False, None
+        return chunk
+
+    def _continuation(self, relay: StreamRelay, target: Target) -> Continuation | None:
+        """The continuation of this stream after what the client got, if the request
+        allows one and its context is cheap enough to prefill again."""
+        body = parse_body(self.body)
+        path = self.info.path
+        if body is None or relay.record is None or not continuable(path, body):
+            return None
+        sent = read_sent(b"".join(relay.record), path == CHAT_PATH)
+        if sent is None:
+            return None
+        handed = continuation(path, body, sent, target.accept_length)
+        if handed is None:
+            return None
+        prompt = (self.info.prefix.prompt_tokens if self.info.prefix is not None
+                  else len(self.body) / 4)
+        return handed if prompt + handed.tokens_sent <= self.proxy.handover_max_tokens else None
+
+    async def _relay_continuation(self, response: UpstreamResponse, attempt: _Attempt,
+                                  restamp: Restamp) -> str | None:
+        """Relay a handed-over stream's continuation after the bytes the client already
+        got: its events restamped as the first stream's, its failure as an error event."""
+        target = attempt.target
+        if response.status != 200 or not is_event_stream(response.headers):
+            attempt.settled = True
+            refused = f"the continuation answered HTTP {response.status}"
+            await self._fail(target, 502, f"backend {target.backend.name}: {refused}")
+            return refused if response.status >= 500 else None
+        relay = StreamRelay(None, tail=b"\n\n")
+        error: str | None = None
+        code = 502
+        try:
+            async for chunk in response.iter_raw():
+                out = restamp.feed(chunk) if chunk else b""
+                if out:
+                    await self.send({"type": "http.response.body", "body": out,
+                                     "more_body": True})
+                    relay.sent(out)
+            out = restamp.flush()
+            if out:
+                await self.send({"type": "http.response.body", "body": out, "more_body": True})
+                relay.sent(out)
+        except UpstreamError as exc:
+            error, code = self._stream_failure(exc, attempt)
+        else:
+            attempt.settled = True
+            if not ended_with_done(relay.tail):
+                error = "backend closed the stream before [DONE]"
+        trailer = (b"" if error is None
+                   else stream_error_trailer(target, relay.tail, error, code))
+        self.finished = True
+        await self.send({"type": "http.response.body", "body": trailer, "more_body": False})
+        return error
+
+    async def _end_handed(self, message: str, status: int) -> None:
+        """End a handed-over stream whose continuation could not start: the client's
+        head and first events are out, so the failure is an error event."""
+        await self.send({"type": "http.response.body",
+                         "body": sse_error_event(message, code=status), "more_body": False})
 
     def _retry_error_event(self, first: bytes, attempt: _Attempt) -> None:
         """Raise _Retry when the stream opens with an error event whose status is
@@ -469,3 +609,11 @@ class RequestCycle:
                          "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
         return None
+
+
+def _hold_on(recall: RecallEvent, relay: StreamRelay) -> None:
+    """Make `relay` hold its next chunk once `recall` is set (now, if it is)."""
+    if recall.is_set():
+        relay.hold()
+    else:
+        recall.on_set(relay.hold)

@@ -122,23 +122,38 @@ def keep_tail(tail: bytes, chunk: bytes) -> bytes:
 
 
 class StreamRelay:
-    """What a stream sent: `tail` of its bytes, and `write`, the client's chunk writer
-    keeping that tail, for an upstream to divert body bytes to."""
+    """What a stream sent: `tail` of its bytes (with `record`, all of them, for a
+    handover to read), and `write`, the client's chunk writer keeping that tail, for an
+    upstream to divert body bytes to. While `holding`, `write` refuses every chunk, so
+    they reach the relay's own loop, which decides on a handover."""
 
-    __slots__ = ("_client", "tail")
+    __slots__ = ("_client", "holding", "record", "tail")
 
-    def __init__(self, client: ChunkWriter | None) -> None:
+    def __init__(self, client: ChunkWriter | None, record: bool = False,
+                 tail: bytes = b"") -> None:
         self._client = client
-        self.tail = b""
+        self.tail = tail
+        self.record: list[bytes] | None = [] if record else None
+        self.holding = False
 
     def sent(self, chunk: bytes) -> None:
         self.tail = keep_tail(self.tail, chunk)
+        if self.record is not None:
+            self.record.append(chunk)
 
     def write(self, chunk: bytes) -> bool:
-        if self._client is not None and self._client(chunk):
-            self.tail = keep_tail(self.tail, chunk)
+        if not self.holding and self._client is not None and self._client(chunk):
+            self.sent(chunk)
             return True
         return False
+
+    def hold(self) -> None:
+        self.holding = True
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the bytes sent end between two events."""
+        return self.tail.endswith(b"\n\n")
 
 
 def ended_with_done(tail: bytes) -> bool:

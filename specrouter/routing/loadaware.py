@@ -4,7 +4,8 @@ It implements the proxy's `Router` protocol by joining the pure decisions
 (`choose_group`, then `pool_choice.decide` with each group's state) to what the
 `BackendMonitor` observes, with the policy read once per request. `choose()` does no I/O
 and costs O(backends). Only new requests are decided; a request in flight stays on its
-backend unless it is recalled before its first byte (`recall`).
+backend unless it is recalled before its first byte (`recall`) or, when its group
+switches to the baseline, handed over after it (`proxy/handover.py`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class DecisionMetrics(Protocol):
     def observe_probe(self, backend: str) -> None: ...
 
     def observe_recall(self, group: str) -> None: ...
+
+    def observe_handover(self, group: str) -> None: ...
 
     def observe_upstream_error(self, backend: str) -> None: ...
 
@@ -141,7 +144,9 @@ class LoadAwareRouter:
         self.monitor.health.allow_request(target.backend.name, now)  # claims a half-open slot
         if self._metrics is not None:
             self._metrics.observe_decision(target.pool, target.reason, target.group)
-            if request.recalled:
+            if request.handed_over:
+                self._metrics.observe_handover(target.group)
+            elif request.recalled:
                 self._metrics.observe_recall(target.group)
         return target
 
@@ -291,8 +296,9 @@ class LoadAwareRouter:
                 self._metrics.observe_probe(eagle.name)
         prefill = (0.0 if request.prefix is None
                    else max(0.0, request.prefix.prompt_tokens - held.get(backend.name, 0.0)))
+        accept = decision.state.accept.ewma if decision.pool == "eagle" else None
         return Target(group.name, decision.pool, backend, decision.reason, probe, recall,
-                      prefill)
+                      prefill, accept)
 
     def _route_pool(
         self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal

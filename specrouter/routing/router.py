@@ -36,9 +36,10 @@ class RequestInfo:
     # requests of a burst still arriving that the decision should count (the router's
     # `settle` says how many)
     burst_ahead: int = 0
-    # the request was recalled from EAGLE-3 before its first byte (`Target.recall`): its
-    # next target is final
+    # the request was recalled from EAGLE-3 before its first byte (`Target.recall`), or
+    # handed over after it (`handed_over`): its next target is final
     recalled: bool = False
+    handed_over: bool = False
     # the prompt's block keys and the client's session key (routing.affinity.keys)
     prefix: PrefixKeys | None = None
     session: str | None = None
@@ -83,6 +84,9 @@ class Target:
     # the prompt tokens `backend` is estimated to prefill (its cached prefix left out),
     # which the cost model's readings are taken net of (routing/learning.py)
     prefill_tokens: float = 0.0
+    # the accept length the router expects of `backend` (EAGLE-3): output tokens per
+    # streamed event, which a handover counts the tokens sent by
+    accept_length: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,10 +119,28 @@ def parse_chat(body: Any, chars_per_token: float, default_model: str) -> GenPara
         max_tokens = _opt_int(body, "max_tokens")
     _n_is_one(body)
     key = json.dumps(messages, sort_keys=True, default=str)
-    return GenParams(chat_prompt_tokens(messages, chars_per_token), key, max_tokens,
+    tokens, blocks = _chat_prompt(messages, _bool(body, "continue_final_message"),
+                                  chars_per_token)
+    return GenParams(tokens, key, max_tokens,
                      _bool(body, "ignore_eos"), _stop(body.get("stop")), _bool(body, "stream"),
                      _include_usage(body), str(body.get("model") or default_model),
-                     blocks=prefix.chat_prompt(messages, chars_per_token))
+                     blocks=blocks)
+
+
+def _chat_prompt(messages: list[Any], continue_final: bool, cpt: float
+                 ) -> tuple[int, prefix.Blocks]:
+    """The prompt's tokens and blocks. With `continue_final_message` and a last message
+    of the assistant with text content, that text continues the prompt after the
+    assistant's header instead of closing a turn (SGLang 0.5.23 `serving_chat.py`
+    `_handle_last_assistant_message`): the prompt of the request whose answer it is,
+    followed by the answer so far."""
+    last = messages[-1]
+    if continue_final and last.get("role") == "assistant" and isinstance(
+            last.get("content"), str):
+        head, text = messages[:-1], last["content"]
+        return (chat_prompt_tokens(head, cpt) + count_text_tokens(text, cpt),
+                prefix.chat_prompt(head, cpt).with_output(text))
+    return chat_prompt_tokens(messages, cpt), prefix.chat_prompt(messages, cpt)
 
 
 def parse_completion(body: Any, chars_per_token: float, default_model: str) -> GenParams:

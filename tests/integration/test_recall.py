@@ -1,5 +1,6 @@
-"""Recall end to end: when a group switches to the baseline, its EAGLE-3 streams that have
-not sent a first byte move to the baseline server; streams already answering stay.
+"""Recall and handover end to end: when a group switches to the baseline, its EAGLE-3
+streams that have not sent a first byte move to the baseline server; streams already
+answering are handed over and continue there as one stream.
 
 One simulated group behind `specrouter serve`, the real openai client. The EAGLE engine is
 made to hold requests without answering (the simulator's `stall` fault), which is what a
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -25,12 +27,20 @@ POLICY = {"strategy": "threshold", "switch_up": 2, "switch_down": 0, "load_signa
 ENV = {"SPECROUTER_POLICY": json.dumps(POLICY), "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
 
 
-def _recalls(group: RoutedGroup) -> float:
+def _counted(group: RoutedGroup, name: str) -> float:
     text = httpx.get(f"{group.router.url}/metrics", timeout=5.0).text
     for family in text_string_to_metric_families(text):
-        if family.name == "specrouter_recalls":
+        if family.name == name:
             return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    raise AssertionError("no specrouter_recalls series in /metrics")
+    raise AssertionError(f"no {name} series in /metrics")
+
+
+def _recalls(group: RoutedGroup) -> float:
+    return _counted(group, "specrouter_recalls")
+
+
+def _handovers(group: RoutedGroup) -> float:
+    return _counted(group, "specrouter_handovers")
 
 
 async def _story(client: openai.AsyncOpenAI, tokens: int,
@@ -76,22 +86,73 @@ def test_a_switch_to_the_baseline_recalls_eagle_streams_without_a_first_byte(
     assert group.state("baseline")["finished"] == 3
 
 
-def test_streams_already_answering_stay_on_eagle_after_the_switch(
-    routed_group: Callable[..., RoutedGroup],
-) -> None:
-    group = routed_group(time_scale=0.05, router_env=ENV)
+async def _chunks(client: openai.AsyncOpenAI, tokens: int, answering: asyncio.Event,
+                  ) -> list[Any]:
+    """Every chunk of one streamed chat completion with usage; `answering` is set at the
+    first."""
+    chunks = []
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "a long story"}], stream=True,
+        max_tokens=tokens, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        answering.set()
+        chunks.append(chunk)
+    return chunks
 
-    async def scenario() -> None:
+
+def _answer_then_switch(group: RoutedGroup, tokens: int) -> list[list[Any]]:
+    """Two streams answering on EAGLE-3 (loads 0 and 1), then a third request switches
+    the group to the baseline; the two streams' chunks."""
+
+    async def scenario() -> list[list[Any]]:
         async with openai.AsyncOpenAI(base_url=group.router.v1, api_key="none",
                                       max_retries=0, timeout=60.0) as client:
             answering = [asyncio.Event(), asyncio.Event()]
             held = []
-            for event in answering:  # load 0, then 1: EAGLE-3, answering for seconds
-                held.append(asyncio.create_task(_story(client, 400, event)))
+            for event in answering:
+                held.append(asyncio.create_task(_chunks(client, tokens, event)))
                 await asyncio.wait_for(event.wait(), 10.0)
             switching = await _story(client, 8)
             assert switching[0] == "baseline"
-            assert [pool for pool, _ in await asyncio.gather(*held)] == ["eagle"] * 2
+            return list(await asyncio.gather(*held))
 
-    asyncio.run(scenario())
-    assert _recalls(group) == 0
+    return asyncio.run(scenario())
+
+
+def test_a_switch_hands_streams_already_answering_over_to_the_baseline(
+    routed_group: Callable[..., RoutedGroup],
+) -> None:
+    group = routed_group(time_scale=0.05, router_env=ENV)
+    streams = _answer_then_switch(group, 400)
+    for chunks in streams:
+        # one stream to the client: one id, one role chunk, one finish, usage last
+        assert len({c.id for c in chunks}) == 1
+        roles = [c for c in chunks if c.choices and c.choices[0].delta.role]
+        assert len(roles) == 1 and chunks[0] is roles[0]
+        finishes = [c.choices[0].finish_reason for c in chunks
+                    if c.choices and c.choices[0].finish_reason]
+        assert finishes == ["length"]
+        usage = chunks[-1].usage
+        assert usage is not None and not chunks[-1].choices
+        # the tokens sent before the handover are estimated (events x accept length)
+        assert 300 <= usage.completion_tokens <= 500
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert _handovers(group) == 2
+    group.router.wait_idle()
+    eagle, baseline = group.state("eagle"), group.state("baseline")
+    assert eagle["aborted"] == 2 and eagle["finished"] == 0
+    assert baseline["finished"] == 3  # the switching request and both continuations
+
+
+def test_with_handovers_off_streams_already_answering_stay_on_eagle(
+    routed_group: Callable[..., RoutedGroup],
+) -> None:
+    env = {**ENV, "SPECROUTER_ADMISSION__HANDOVER_MAX_TOKENS": "0"}
+    group = routed_group(time_scale=0.05, router_env=env)
+    streams = _answer_then_switch(group, 400)
+    assert all(c.usage is not None and c.usage.completion_tokens == 400
+               for c in (chunks[-1] for chunks in streams))
+    assert _recalls(group) == 0 and _handovers(group) == 0
+    group.router.wait_idle()
+    assert group.state("eagle")["finished"] == 2

@@ -61,6 +61,22 @@ def test_a_finished_turn_is_the_prefix_of_the_next_turn() -> None:
     assert turn2.tokens[:len(turn1.tokens)] == turn1.tokens
 
 
+def test_a_continued_final_message_extends_the_prompt_it_answers() -> None:
+    """SGLang's continue_final_message: the last assistant text follows the generation
+    prompt, so the prompt it continues is its prefix."""
+    first = _chat("question one " * 50)
+    answer = " ka lo mi" * 300
+    body = {"messages": [*first, {"role": "assistant", "content": answer}],
+            "continue_final_message": True}
+    params = protocol.parse_chat(body, 4.0, "m")
+    assert params.prompt_tokens == (chat_prompt_tokens(first, 4.0)
+                                    + count_text_tokens(answer, 4.0))
+    assert params.blocks is not None
+    assert params.blocks.keys == prefix.chat_prompt(first, 4.0).with_output(answer).keys
+    closed = protocol.parse_chat({**body, "continue_final_message": False}, 4.0, "m")
+    assert closed.prompt_tokens == chat_prompt_tokens(body["messages"], 4.0)
+
+
 def test_text_prompt_continues_through_its_answer() -> None:
     prompt, answer = "p" * 1000, "q" * 600
     grown = prefix.text_prompt(prompt, 4.0).with_output(answer)

@@ -1,0 +1,209 @@
+"""Handover: a started EAGLE-3 stream continued on the baseline as one stream.
+
+The proxy's cycle in process against scripted backends (`test_forward`'s harness): the
+first backend streams event by event behind a gate, the test sets the router's recall
+event mid-stream (the group switched), and the client's bytes are read back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from specrouter.proxy.handover import (
+    Restamp,
+    continuable,
+    continuation,
+    read_sent,
+)
+from specrouter.proxy.upstream import RawHeaders, UpstreamResponse
+from tests.fixtures.fake_router import ListRouter
+from tests.proxy.test_forward import (
+    DONE,
+    JSON,
+    SSE,
+    STREAM_CHAT,
+    Backend_,
+    Exchange,
+    Scripted,
+    make_app,
+    run,
+)
+
+CHAT = "/v1/chat/completions"
+
+
+def _event(content: str | None = None, *, role: bool = False, finish: str | None = None,
+           stamp: str = "e") -> bytes:
+    delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+    if content is not None:
+        delta["content"] = content
+    chunk = {"id": stamp, "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _usage(prompt: int, completion: int) -> bytes:
+    chunk = {"id": "b", "object": "chat.completion.chunk", "created": 2, "model": "m",
+             "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                      "total_tokens": prompt + completion}}
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+class Gated(Backend_):
+    """Streams `chunks`, each released by one `gate` put (no gate: all at once)."""
+
+    def __init__(self, chunks: Sequence[bytes], gate: asyncio.Queue[None] | None = None,
+                 status: int = 200, headers: RawHeaders = SSE) -> None:
+        super().__init__()
+        self.chunks, self.gate, self.status, self.headers = chunks, gate, status, headers
+
+    async def open(self, method: str, path: str, headers: RawHeaders, body: bytes, *,
+                   stream: bool) -> UpstreamResponse:
+        if path == "/abort_request":
+            return await super().open(method, path, headers, body, stream=stream)
+        self.requests.append((path, json.loads(body)))
+        return Scripted(self.status, self.headers, self.chunks, self.gate)
+
+
+# The second content event is cut across two upstream reads; the third is never sent.
+FIRST = [_event(role=True) + _event("Hel"),
+         _event("lo")[:30],
+         _event("lo")[30:] + _event(" world"),
+         _event(finish="length") + DONE]
+CONTINUED = [_event(role=True, stamp="b") + _event(" there", stamp="b"),
+             _event(finish="length", stamp="b") + _usage(20, 5) + DONE]
+
+
+async def _switch_after(exchange: Exchange, router: ListRouter, gate: asyncio.Queue[None],
+                        reads: int) -> None:
+    """Release `reads` upstream reads, let the client get them, then switch the group
+    and release the rest."""
+    for _ in range(reads):
+        gate.put_nowait(None)
+    while len(exchange.sent) < reads + 1:  # the head and one body message per read
+        await asyncio.sleep(0)
+    router.recalls[0].set()
+    for _ in range(len(FIRST) - reads):
+        gate.put_nowait(None)
+
+
+def _contents(raw: bytes) -> tuple[str, set[str], list[dict[str, Any]]]:
+    events = [json.loads(line[6:]) for line in raw.split(b"\n\n")
+              if line.startswith(b"data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or ""
+                   for c in events if c.get("choices"))
+    return text, {c["id"] for c in events if "id" in c}, events
+
+
+def test_a_switch_mid_stream_continues_the_answer_on_the_baseline() -> None:
+    async def scenario() -> None:
+        gate: asyncio.Queue[None] = asyncio.Queue()
+        router = ListRouter(armed_recall=True)
+        e0, b0 = Gated(FIRST, gate), Gated(CONTINUED)
+        body = {**STREAM_CHAT, "max_tokens": 100, "stream_options": {"include_usage": True}}
+        exchange = Exchange(make_app(router, e0, b0), CHAT, body)
+        task = asyncio.create_task(exchange.run())
+        await _switch_after(exchange, router, gate, 2)
+        await task
+        text, ids, events = _contents(exchange.content)
+        assert text == "Hello there" and ids == {"e"}
+        assert exchange.header[b"x-specrouter-backend"] == b"e0"
+        assert [e for e in events if e["choices"] and "role" in e["choices"][0]["delta"]
+                ] == [events[0]]
+        # two content events at (unknown) accept length 1: 2 tokens sent before
+        assert events[-1]["usage"] == {"prompt_tokens": 18, "completion_tokens": 7,
+                                       "total_tokens": 25}
+        assert exchange.content.endswith(DONE)
+        (_, sent), = b0.requests
+        assert sent["messages"][-1] == {"role": "assistant", "content": "Hello"}
+        assert sent["continue_final_message"] is True and sent["max_tokens"] == 98
+        while not e0.aborts:
+            await asyncio.sleep(0)
+        assert e0.aborts == [{"rid": e0.requests[0][1]["rid"]}]
+        while router.held != {"e0": 0, "b0": 0}:
+            await router.released.wait()
+            router.released.clear()
+
+    run(scenario())
+
+
+def test_a_request_a_continuation_cannot_carry_on_stays_where_it_is() -> None:
+    async def scenario() -> None:
+        gate: asyncio.Queue[None] = asyncio.Queue()
+        router = ListRouter(armed_recall=True)
+        e0, b0 = Gated(FIRST, gate), Gated(CONTINUED)
+        exchange = Exchange(make_app(router, e0, b0), CHAT, {**STREAM_CHAT, "stop": ["\n"]})
+        task = asyncio.create_task(exchange.run())
+        await _switch_after(exchange, router, gate, 2)
+        await task
+        assert _contents(exchange.content)[0] == "Hello world"
+        assert not b0.requests and not e0.aborts
+
+    run(scenario())
+
+
+def test_a_refused_continuation_ends_the_stream_with_an_error_event() -> None:
+    async def scenario() -> None:
+        gate: asyncio.Queue[None] = asyncio.Queue()
+        router = ListRouter(armed_recall=True)
+        refused = Gated([b'{"object":"error","message":"no","code":400}'], status=400,
+                        headers=JSON)
+        exchange = Exchange(make_app(router, Gated(FIRST, gate), refused), CHAT, STREAM_CHAT)
+        task = asyncio.create_task(exchange.run())
+        await _switch_after(exchange, router, gate, 1)
+        await task
+        raw = exchange.content
+        assert _contents(raw)[0] == "Hel"
+        assert b'"error"' in raw and raw.endswith(DONE)
+        assert [m["type"] for m in exchange.sent].count("http.response.start") == 1
+
+    run(scenario())
+
+
+def test_what_a_continuation_can_carry_on() -> None:
+    chat = {"messages": [{"role": "user", "content": "x"}], "stream": True}
+    assert continuable(CHAT, chat)
+    assert continuable(CHAT, {**chat, "stop": [], "tool_choice": "none", "logprobs": False,
+                              "response_format": {"type": "text"}})
+    for blocking in ({"stream": False}, {"n": 2}, {"tools": [{"type": "function"}]},
+                     {"stop": "\n"}, {"response_format": {"type": "json_object"}},
+                     {"logprobs": True}, {"rid": "mine"}, {"continue_final_message": True},
+                     {"messages": [{"role": "assistant", "content": "x"}]}):
+        assert not continuable(CHAT, {**chat, **blocking}), blocking
+    assert continuable("/v1/completions", {"prompt": ["once"], "stream": True})
+    assert not continuable("/v1/completions", {"prompt": [1, 2], "stream": True})
+    assert not continuable("/generate", {"text": "x", "stream": True})
+
+
+def test_what_was_sent_and_what_continues_it() -> None:
+    sent = read_sent(FIRST[0] + _event("lo"), chat=True)
+    assert sent is not None and (sent.text, sent.events, sent.id) == ("Hello", 2, "e")
+    assert read_sent(FIRST[0] + _event(finish="stop"), chat=True) is None
+    tool = _event().replace(b'"delta":{}', b'"delta":{"tool_calls":[{"index":0}]}')
+    assert read_sent(FIRST[0] + tool, chat=True) is None
+    body = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 10}
+    handed = continuation(CHAT, body, sent, accept_length=2.5)
+    assert handed is not None and handed.tokens_sent == 5
+    assert json.loads(handed.body)["max_completion_tokens"] == 5
+    assert continuation(CHAT, {**body, "max_completion_tokens": 5}, sent, 2.5) is None
+    text = read_sent(b'data: {"id":"c","created":1,"model":"m","choices":[{"index":0,'
+                     b'"text":"once","finish_reason":null}]}\n\n', chat=False)
+    assert text is not None
+    handed = continuation("/v1/completions", {"prompt": "Tell", "stream": True}, text, None)
+    assert handed is not None
+    assert json.loads(handed.body) == {"prompt": "Tellonce", "stream": True, "max_tokens": 15}
+
+
+def test_a_restamp_passes_whole_events_only() -> None:
+    sent = read_sent(FIRST[0], chat=True)
+    assert sent is not None
+    handed = continuation(CHAT, {"messages": [{"role": "user", "content": "x"}]}, sent, None)
+    assert handed is not None
+    restamp = Restamp(handed)
+    data = b"".join(CONTINUED)
+    out = restamp.feed(data[:40]) + restamp.feed(data[40:]) + restamp.flush()
+    text, ids, _ = _contents(out)
+    assert text == " there" and ids == {"e"} and out.endswith(DONE)
