@@ -300,10 +300,11 @@ class AdmissionSettings(_Section):
     # how long the largest burst seen is remembered (routing/arrivals.py)
     arrival_memory_s: float = Field(default=60.0, gt=0, le=86400)
     recall_unstarted: bool = True
-    # After the first byte: a switch to the baseline hands a started EAGLE-3 stream over
-    # to the baseline as a continuation (proxy/handover.py) when its context (prompt and
-    # output so far, estimated tokens) is at most `handover_max_tokens`: that is what the
-    # new server prefills again, on a GPU its sibling shares. 0 turns handovers off.
+    # After the first byte: a switch to the baseline hands started EAGLE-3 streams over
+    # to the baseline as continuations (proxy/handover.py) while their contexts (prompt
+    # and output so far, estimated tokens) total at most `handover_max_tokens` per
+    # switch: that is what the new server prefills again, on a GPU its sibling shares,
+    # ahead of the requests arriving then. 0 turns handovers off.
     handover_max_tokens: int = Field(default=8192, ge=0, le=1_000_000)
 
 

@@ -172,9 +172,10 @@ def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration
 
 
 def decision_counts(router_url: str) -> dict[str, float]:
-    """The router's decisions so far, by `pool/reason` (from /metrics), and under
-    `recalled` the EAGLE-3 streams recalled before their first byte (each also counts
-    as two decisions: the EAGLE-3 one and its second)."""
+    """The router's decisions so far, by `pool/reason` (from /metrics), under
+    `recalled` the EAGLE-3 streams recalled before their first byte and under
+    `handed_over` those handed over after it (each also counts as two decisions: the
+    EAGLE-3 one and its second)."""
     import httpx
 
     try:
@@ -183,9 +184,10 @@ def decision_counts(router_url: str) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("specrouter_recalls_total{"):
-            out["recalled"] = out.get("recalled", 0.0) + float(line.rpartition(" ")[2])
-            continue
+        for series, key in (("specrouter_recalls_total{", "recalled"),
+                            ("specrouter_handovers_total{", "handed_over")):
+            if line.startswith(series):
+                out[key] = out.get(key, 0.0) + float(line.rpartition(" ")[2])
         if not line.startswith("specrouter_decisions_total{"):
             continue
         labels, _, value = line.rpartition(" ")

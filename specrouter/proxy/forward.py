@@ -518,7 +518,8 @@ class RequestCycle:
 
     def _continuation(self, relay: StreamRelay, target: Target) -> Continuation | None:
         """The continuation of this stream after what the client got, if the request
-        allows one and its context is cheap enough to prefill again."""
+        allows one and its context fits in what is left of the switch's handover budget
+        (the streams that reach their next event first take it)."""
         body = parse_body(self.body)
         path = self.info.path
         if body is None or relay.record is None or not continuable(path, body):
@@ -531,7 +532,8 @@ class RequestCycle:
             return None
         prompt = (self.info.prefix.prompt_tokens if self.info.prefix is not None
                   else len(self.body) / 4)
-        return handed if prompt + handed.tokens_sent <= self.proxy.handover_max_tokens else None
+        budget = target.recall.budget if target.recall is not None else None
+        return handed if budget is not None and budget.take(prompt + handed.tokens_sent) else None
 
     async def _relay_continuation(self, response: UpstreamResponse, attempt: _Attempt,
                                   restamp: Restamp) -> str | None:

@@ -104,6 +104,7 @@ class LoadAwareRouter:
                                        admission.arrival_memory_s)
         self._baselines = tuple(b.name for b in monitor.backends if b.pool == "baseline")
         self._recall_unstarted = admission.recall_unstarted
+        self._handover_tokens = admission.handover_max_tokens
         self._recalls = RecallRegistry()
         self._states = {g: GroupState() for g in monitor.view.group_names()}
         monitor.on_accept = self._fold_accept
@@ -275,7 +276,7 @@ class LoadAwareRouter:
         recalls = self._recall_unstarted and decision.recalls
         if (recalls and self._states[group.name].pool == "eagle"
                 and decision.state.pool == "baseline"):
-            self._recalls.recall_group(group.name)
+            self._recalls.recall_group(group.name, self._handover_tokens)
         self._states[group.name] = decision.state
         recall = (RecallEvent() if recalls and decision.pool == "eagle" and request.stream
                   and not request.recalled else None)

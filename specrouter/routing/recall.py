@@ -8,16 +8,14 @@ a non-streamed answer arrives whole, so a queued request cannot be told from a l
 
 from __future__ import annotations
 
-import asyncio
-
-from specrouter.routing.router import Target
+from specrouter.routing.router import HandoverBudget, RecallEvent, Target
 
 
 class RecallRegistry:
     """The recall events of admitted, unreleased targets, per group."""
 
     def __init__(self) -> None:
-        self._events: dict[str, dict[int, asyncio.Event]] = {}
+        self._events: dict[str, dict[int, RecallEvent]] = {}
 
     def track(self, target: Target) -> None:
         if target.recall is not None:
@@ -27,6 +25,10 @@ class RecallRegistry:
         if target.recall is not None:
             self._events.get(target.group, {}).pop(id(target), None)
 
-    def recall_group(self, group: str) -> None:
+    def recall_group(self, group: str, budget: float = 0.0) -> None:
+        """Set the group's recall events; the streams past their first byte share one
+        handover budget of `budget` context tokens."""
+        shared = HandoverBudget(budget)
         for event in self._events.pop(group, {}).values():
+            event.budget = shared
             event.set()

@@ -45,14 +45,33 @@ class RequestInfo:
     session: str | None = None
 
 
+class HandoverBudget:
+    """The context tokens the streams handed over at one switch of a group may total:
+    each is prefilled again on the group's GPU, ahead of the requests arriving then."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, tokens: float) -> None:
+        self.left = tokens
+
+    def take(self, tokens: float) -> bool:
+        """Claim `tokens` of the budget; False (nothing claimed) when they do not fit."""
+        if tokens > self.left:
+            return False
+        self.left -= tokens
+        return True
+
+
 class RecallEvent(asyncio.Event):
     """An `asyncio.Event` that also runs callbacks, synchronously, when first set: a
     recall cancels the attempt's work from its callback, so waiting for the work or the
-    recall takes no second task and no `asyncio.wait`."""
+    recall takes no second task and no `asyncio.wait`. `budget` is the handover budget
+    of the switch that set it, shared by the group's streams."""
 
     def __init__(self) -> None:
         super().__init__()
         self._on_set: list[Callable[[], object]] = []
+        self.budget: HandoverBudget | None = None
 
     def set(self) -> None:
         if self.is_set():

@@ -19,6 +19,7 @@ from specrouter.proxy.handover import (
     read_sent,
 )
 from specrouter.proxy.upstream import RawHeaders, UpstreamResponse
+from specrouter.routing.router import HandoverBudget
 from tests.fixtures.fake_router import ListRouter
 from tests.proxy.test_forward import (
     DONE,
@@ -78,13 +79,14 @@ CONTINUED = [_event(role=True, stamp="b") + _event(" there", stamp="b"),
 
 
 async def _switch_after(exchange: Exchange, router: ListRouter, gate: asyncio.Queue[None],
-                        reads: int) -> None:
+                        reads: int, budget: float = 1e6) -> None:
     """Release `reads` upstream reads, let the client get them, then switch the group
-    and release the rest."""
+    (with a handover budget of `budget` context tokens) and release the rest."""
     for _ in range(reads):
         gate.put_nowait(None)
     while len(exchange.sent) < reads + 1:  # the head and one body message per read
         await asyncio.sleep(0)
+    router.recalls[0].budget = HandoverBudget(budget)
     router.recalls[0].set()
     for _ in range(len(FIRST) - reads):
         gate.put_nowait(None)
@@ -141,6 +143,22 @@ def test_a_request_a_continuation_cannot_carry_on_stays_where_it_is() -> None:
         await task
         assert _contents(exchange.content)[0] == "Hello world"
         assert not b0.requests and not e0.aborts
+
+    run(scenario())
+
+
+def test_a_stream_whose_context_exceeds_the_switch_budget_stays_where_it_is() -> None:
+    async def scenario() -> None:
+        gate: asyncio.Queue[None] = asyncio.Queue()
+        router = ListRouter(armed_recall=True)
+        e0, b0 = Gated(FIRST, gate), Gated(CONTINUED)
+        exchange = Exchange(make_app(router, e0, b0), CHAT, STREAM_CHAT)
+        task = asyncio.create_task(exchange.run())
+        await _switch_after(exchange, router, gate, 2, budget=10)  # the prompt alone is more
+        await task
+        assert _contents(exchange.content)[0] == "Hello world"
+        assert not b0.requests and router.recalls[0].budget is not None
+        assert router.recalls[0].budget.left == 10
 
     run(scenario())
 
