@@ -171,6 +171,20 @@ def calibrate(eagle_url: str, baseline_url: str, levels: Sequence[int], duration
     return result
 
 
+def group_reports(router_url: str) -> list[dict[str, Any]]:
+    """Each group's `GET /policy` report now: its load, choice, crossover and (online
+    strategy) what the model learned; [] when the router does not answer."""
+    import httpx
+
+    try:
+        groups = httpx.get(f"{router_url}/policy", timeout=5.0).json().get("groups", [])
+    except (httpx.HTTPError, ValueError):
+        return []
+    keep = ("group", "load", "sustained_load", "choice", "reason", "crossover",
+            "accept_length_used", "learned")
+    return [{k: g.get(k) for k in keep if k in g} for g in groups if isinstance(g, dict)]
+
+
 def decision_counts(router_url: str) -> dict[str, float]:
     """The router's decisions so far, by `pool/reason` (from /metrics), under
     `recalled` the EAGLE-3 streams recalled before their first byte and under

@@ -41,6 +41,7 @@ from loadtest.scenarios.common import (
     CpuWatch,
     calibrate,
     decision_counts,
+    group_reports,
     router_time_env,
     run_async,
     saturated,
@@ -323,6 +324,8 @@ def run_profile(profile: str, s: OpenLoopSettings, log: Any = print) -> dict[str
             for load in loads:
                 reset_engines(sim.urls().values(), load.seed)
                 row, results = run_async(_replay(url, pids, model, load, scale, s))
+                if router is not None:  # what the router believes at the end of the load
+                    row["groups"] = group_reports(router.url)
                 rows.append(row)
                 tagged.extend(({"load": load.name}, r) for r in results)
                 log(f"  {profile} {config:17s} {load.name:11s} {row['output_tok_s']:8.1f} tok/s"
