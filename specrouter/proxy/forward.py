@@ -147,6 +147,9 @@ class Proxy:
         self.event_retry_statuses = self.retry_statuses | {503}
         self.set_rid = settings.upstream.abort_abandoned
         self.handover_max_tokens = settings.admission.handover_max_tokens
+        # a chat event carries one verify step's tokens in ~150 bytes of JSON: a stream
+        # this long has sent more tokens than a handover budget holds
+        self.handover_record_bytes = self.handover_max_tokens * 64
         self.affinity = settings.affinity if settings.affinity.enabled else None
         self.prober = ShadowProber(router, upstreams, settings.timeouts.total)
         self.abandoner = Abandoner(router, upstreams, abort=settings.upstream.abort_abandoned,
@@ -442,7 +445,7 @@ class RequestCycle:
         send = self.send
         started = False
         handover = self._may_hand_over(target)
-        relay = StreamRelay(self.writer, record=handover)
+        relay = StreamRelay(self.writer, self.proxy.handover_record_bytes if handover else 0)
         direct = self.writer is not None
         error: str | None = None
         code = 502

@@ -122,24 +122,30 @@ def keep_tail(tail: bytes, chunk: bytes) -> bytes:
 
 
 class StreamRelay:
-    """What a stream sent: `tail` of its bytes (with `record`, all of them, for a
-    handover to read), and `write`, the client's chunk writer keeping that tail, for an
-    upstream to divert body bytes to. While `holding`, `write` refuses every chunk, so
-    they reach the relay's own loop, which decides on a handover."""
+    """What a stream sent: `tail` of its bytes (with a `record_limit`, all of them in
+    `record` for a handover to read, until they pass that many bytes: a stream that long
+    is past any handover budget), and `write`, the client's chunk writer keeping that
+    tail, for an upstream to divert body bytes to. While `holding`, `write` refuses every
+    chunk, so they reach the relay's own loop, which decides on a handover."""
 
-    __slots__ = ("_client", "holding", "record", "tail")
+    __slots__ = ("_client", "_room", "holding", "record", "tail")
 
-    def __init__(self, client: ChunkWriter | None, record: bool = False,
+    def __init__(self, client: ChunkWriter | None, record_limit: int = 0,
                  tail: bytes = b"") -> None:
         self._client = client
         self.tail = tail
-        self.record: list[bytes] | None = [] if record else None
+        self.record: list[bytes] | None = [] if record_limit > 0 else None
+        self._room = record_limit
         self.holding = False
 
     def sent(self, chunk: bytes) -> None:
         self.tail = keep_tail(self.tail, chunk)
         if self.record is not None:
-            self.record.append(chunk)
+            self._room -= len(chunk)
+            if self._room >= 0:
+                self.record.append(chunk)
+            else:
+                self.record = None
 
     def write(self, chunk: bytes) -> bool:
         if not self.holding and self._client is not None and self._client(chunk):

@@ -18,6 +18,7 @@ from specrouter.proxy.handover import (
     continuation,
     read_sent,
 )
+from specrouter.proxy.response import StreamRelay
 from specrouter.proxy.upstream import RawHeaders, UpstreamResponse
 from specrouter.routing.router import HandoverBudget
 from tests.fixtures.fake_router import ListRouter
@@ -225,3 +226,13 @@ def test_a_restamp_passes_whole_events_only() -> None:
     out = restamp.feed(data[:40]) + restamp.feed(data[40:]) + restamp.flush()
     text, ids, _ = _contents(out)
     assert text == " there" and ids == {"e"} and out.endswith(DONE)
+
+
+def test_a_relay_stops_recording_a_stream_past_its_record_limit() -> None:
+    relay = StreamRelay(None, record_limit=10)
+    relay.sent(b"12345")
+    relay.sent(b"67890")
+    assert relay.record == [b"12345", b"67890"]
+    relay.sent(b"x")  # the stream is now longer than any handover could take
+    assert relay.record is None and relay.tail.endswith(b"x")
+    assert StreamRelay(None).record is None
