@@ -447,8 +447,7 @@ class RequestCycle:
         handover = self._may_hand_over(target)
         relay = StreamRelay(self.writer, self.proxy.handover_record_bytes if handover else 0)
         direct = self.writer is not None
-        error: str | None = None
-        code = 502
+        failure: UpstreamError | None = None
         try:
             chunks = response.iter_raw()
             first = await unless_recalled(first_chunk(chunks), target.recall)
@@ -472,28 +471,34 @@ class RequestCycle:
                         if direct:
                             response.divert(relay.write)
         except UpstreamError as exc:
-            error, code = self._stream_failure(exc, attempt)
-        else:
-            attempt.settled = True
-            if not ended_with_done(relay.tail):
-                error = "backend closed the stream before [DONE]"
-        trailer = (b"" if error is None
-                   else stream_error_trailer(target, relay.tail, error, code))
-        self.finished = True
+            failure = exc
+        error, trailer = self._stream_outcome(attempt, relay, failure)
         if not started:
             await send(start)
         await send({"type": "http.response.body", "body": trailer, "more_body": False})
         return error
 
-    @staticmethod
-    def _stream_failure(exc: UpstreamError, attempt: _Attempt) -> tuple[str, int]:
-        """What the client's error event says of an upstream failure mid-stream."""
-        if isinstance(exc, UpstreamTimeout):
-            return f"backend went silent: {exc}", 504
-        if isinstance(exc, UpstreamOverLimit):
+    def _stream_outcome(self, attempt: _Attempt, relay: StreamRelay,
+                        failure: UpstreamError | None) -> tuple[str | None, bytes]:
+        """What went wrong with a relayed stream (None: it ended with [DONE]) and the
+        bytes that end it for the client: nothing, or an error event."""
+        code = 502
+        if isinstance(failure, UpstreamTimeout):
+            error: str | None = f"backend went silent: {failure}"
+            code = 504
+        elif isinstance(failure, UpstreamOverLimit):
             attempt.cut_by_router = True
-            return f"stream stopped by the router: {exc}", 502
-        return f"backend stream failed: {exc}", 502
+            error = f"stream stopped by the router: {failure}"
+        elif failure is not None:
+            error = f"backend stream failed: {failure}"
+        else:
+            attempt.settled = True
+            error = None if ended_with_done(relay.tail) else (
+                "backend closed the stream before [DONE]")
+        self.finished = True
+        if error is None:
+            return None, b""
+        return error, stream_error_trailer(attempt.target, relay.tail, error, code)
 
     def _may_hand_over(self, target: Target) -> bool:
         """Whether this stream may be handed over after its first byte: an EAGLE-3
@@ -549,8 +554,7 @@ class RequestCycle:
             await self._fail(target, 502, f"backend {target.backend.name}: {refused}")
             return refused if response.status >= 500 else None
         relay = StreamRelay(None, tail=b"\n\n")
-        error: str | None = None
-        code = 502
+        failure: UpstreamError | None = None
         try:
             async for chunk in response.iter_raw():
                 out = restamp.feed(chunk) if chunk else b""
@@ -563,14 +567,8 @@ class RequestCycle:
                 await self.send({"type": "http.response.body", "body": out, "more_body": True})
                 relay.sent(out)
         except UpstreamError as exc:
-            error, code = self._stream_failure(exc, attempt)
-        else:
-            attempt.settled = True
-            if not ended_with_done(relay.tail):
-                error = "backend closed the stream before [DONE]"
-        trailer = (b"" if error is None
-                   else stream_error_trailer(target, relay.tail, error, code))
-        self.finished = True
+            failure = exc
+        error, trailer = self._stream_outcome(attempt, relay, failure)
         await self.send({"type": "http.response.body", "body": trailer, "more_body": False})
         return error
 

@@ -79,10 +79,17 @@ CONTINUED = [_event(role=True, stamp="b") + _event(" there", stamp="b"),
              _event(finish="length", stamp="b") + _usage(20, 5) + DONE]
 
 
-async def _switch_after(exchange: Exchange, router: ListRouter, gate: asyncio.Queue[None],
-                        reads: int, budget: float = 1e6) -> None:
-    """Release `reads` upstream reads, let the client get them, then switch the group
-    (with a handover budget of `budget` context tokens) and release the rest."""
+async def _switch_mid_stream(body: dict[str, Any], reads: int, budget: float = 1e6,
+                             baseline: Gated | None = None
+                             ) -> tuple[Exchange, ListRouter, Gated, Gated]:
+    """One request streamed from e0 (`FIRST`, one read per gate put): after `reads`
+    reads reached the client the group switches (its handover budget `budget` context
+    tokens), then the rest is released. The exchange, router, e0 and b0 when it ended."""
+    gate: asyncio.Queue[None] = asyncio.Queue()
+    router = ListRouter(armed_recall=True)
+    e0, b0 = Gated(FIRST, gate), baseline or Gated(CONTINUED)
+    exchange = Exchange(make_app(router, e0, b0), CHAT, body)
+    task = asyncio.create_task(exchange.run())
     for _ in range(reads):
         gate.put_nowait(None)
     while len(exchange.sent) < reads + 1:  # the head and one body message per read
@@ -91,6 +98,8 @@ async def _switch_after(exchange: Exchange, router: ListRouter, gate: asyncio.Qu
     router.recalls[0].set()
     for _ in range(len(FIRST) - reads):
         gate.put_nowait(None)
+    await task
+    return exchange, router, e0, b0
 
 
 def _contents(raw: bytes) -> tuple[str, set[str], list[dict[str, Any]]]:
@@ -103,14 +112,8 @@ def _contents(raw: bytes) -> tuple[str, set[str], list[dict[str, Any]]]:
 
 def test_a_switch_mid_stream_continues_the_answer_on_the_baseline() -> None:
     async def scenario() -> None:
-        gate: asyncio.Queue[None] = asyncio.Queue()
-        router = ListRouter(armed_recall=True)
-        e0, b0 = Gated(FIRST, gate), Gated(CONTINUED)
         body = {**STREAM_CHAT, "max_tokens": 100, "stream_options": {"include_usage": True}}
-        exchange = Exchange(make_app(router, e0, b0), CHAT, body)
-        task = asyncio.create_task(exchange.run())
-        await _switch_after(exchange, router, gate, 2)
-        await task
+        exchange, router, e0, b0 = await _switch_mid_stream(body, 2)
         text, ids, events = _contents(exchange.content)
         assert text == "Hello there" and ids == {"e"}
         assert exchange.header[b"x-specrouter-backend"] == b"e0"
@@ -135,13 +138,7 @@ def test_a_switch_mid_stream_continues_the_answer_on_the_baseline() -> None:
 
 def test_a_request_a_continuation_cannot_carry_on_stays_where_it_is() -> None:
     async def scenario() -> None:
-        gate: asyncio.Queue[None] = asyncio.Queue()
-        router = ListRouter(armed_recall=True)
-        e0, b0 = Gated(FIRST, gate), Gated(CONTINUED)
-        exchange = Exchange(make_app(router, e0, b0), CHAT, {**STREAM_CHAT, "stop": ["\n"]})
-        task = asyncio.create_task(exchange.run())
-        await _switch_after(exchange, router, gate, 2)
-        await task
+        exchange, _, e0, b0 = await _switch_mid_stream({**STREAM_CHAT, "stop": ["\n"]}, 2)
         assert _contents(exchange.content)[0] == "Hello world"
         assert not b0.requests and not e0.aborts
 
@@ -150,13 +147,8 @@ def test_a_request_a_continuation_cannot_carry_on_stays_where_it_is() -> None:
 
 def test_a_stream_whose_context_exceeds_the_switch_budget_stays_where_it_is() -> None:
     async def scenario() -> None:
-        gate: asyncio.Queue[None] = asyncio.Queue()
-        router = ListRouter(armed_recall=True)
-        e0, b0 = Gated(FIRST, gate), Gated(CONTINUED)
-        exchange = Exchange(make_app(router, e0, b0), CHAT, STREAM_CHAT)
-        task = asyncio.create_task(exchange.run())
-        await _switch_after(exchange, router, gate, 2, budget=10)  # the prompt alone is more
-        await task
+        # the prompt alone is more than the budget
+        exchange, router, _, b0 = await _switch_mid_stream(STREAM_CHAT, 2, budget=10)
         assert _contents(exchange.content)[0] == "Hello world"
         assert not b0.requests and router.recalls[0].budget is not None
         assert router.recalls[0].budget.left == 10
@@ -166,14 +158,9 @@ def test_a_stream_whose_context_exceeds_the_switch_budget_stays_where_it_is() ->
 
 def test_a_refused_continuation_ends_the_stream_with_an_error_event() -> None:
     async def scenario() -> None:
-        gate: asyncio.Queue[None] = asyncio.Queue()
-        router = ListRouter(armed_recall=True)
         refused = Gated([b'{"object":"error","message":"no","code":400}'], status=400,
                         headers=JSON)
-        exchange = Exchange(make_app(router, Gated(FIRST, gate), refused), CHAT, STREAM_CHAT)
-        task = asyncio.create_task(exchange.run())
-        await _switch_after(exchange, router, gate, 1)
-        await task
+        exchange, *_ = await _switch_mid_stream(STREAM_CHAT, 1, baseline=refused)
         raw = exchange.content
         assert _contents(raw)[0] == "Hel"
         assert b'"error"' in raw and raw.endswith(DONE)
