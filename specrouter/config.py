@@ -348,13 +348,6 @@ class AffinitySettings(_Section):
     expected_output_tokens: int = Field(default=256, ge=0)
     eagle_saving_ms_per_token: float = Field(default=2.0, ge=0)
 
-    @field_validator("block_bytes")
-    @classmethod
-    def _block_multiple(cls, value: int) -> int:
-        if value % 8:
-            raise ValueError(f"block_bytes must be a multiple of 8, got {value}")
-        return value
-
     @field_validator("cache_tokens_by_backend")
     @classmethod
     def _positive_caches(cls, value: dict[str, int]) -> dict[str, int]:

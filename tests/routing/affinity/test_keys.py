@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from specrouter.routing.affinity.keys import (
-    STRIDE,
     home_group,
     prefix_keys,
     prompt_start,
@@ -86,8 +85,13 @@ def test_completion_and_generate_prompts_are_keyed_from_their_field() -> None:
     assert prompt_start(g) == g.index(b'"text"')
 
 
-def test_stride_divides_the_block() -> None:
-    assert BLOCK % STRIDE == 0
+def test_one_changed_byte_changes_its_block_and_every_later_key() -> None:
+    """Templated prompts: the same text but one file name of the same length."""
+    base = chat(3, system="Context (src/file_0017.py): " + "def f(x): return x\n" * 300)
+    other = base.replace(b"file_0017", b"file_0023", 1)
+    assert len(other) == len(base)
+    cut = (base.index(b"file_0017") + 6 - prompt_start(base)) // BLOCK
+    assert common(keys(base), keys(other)) == cut
 
 
 def test_session_keys() -> None:
