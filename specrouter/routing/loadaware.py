@@ -154,10 +154,14 @@ class LoadAwareRouter:
     def acquire(self, target: Target) -> None:
         self.monitor.acquire(id(target), target.backend.name, target.prefill_tokens)
         self._recalls.track(target)
+        if self._affinity is not None:
+            self._affinity.begin(target.session)
 
     def release(self, target: Target) -> None:
         self.monitor.release(id(target), target.backend.name)
         self._recalls.forget(target)
+        if self._affinity is not None:
+            self._affinity.end(target.session)
 
     def record_outcome(self, backend: str, ok: bool, error: str | None = None) -> None:
         self.monitor.health.record_outcome(backend, ok, error)
@@ -298,8 +302,9 @@ class LoadAwareRouter:
         prefill = (0.0 if request.prefix is None
                    else max(0.0, request.prefix.prompt_tokens - held.get(backend.name, 0.0)))
         accept = decision.state.accept.ewma if decision.pool == "eagle" else None
+        session = request.session if lookup is not None else None
         return Target(group.name, decision.pool, backend, decision.reason, probe, recall,
-                      prefill, accept)
+                      prefill, accept, session)
 
     def _route_pool(
         self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal

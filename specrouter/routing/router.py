@@ -106,6 +106,9 @@ class Target:
     # the accept length the router expects of `backend` (EAGLE-3): output tokens per
     # streamed event, which a handover counts the tokens sent by
     accept_length: float | None = None
+    # the client's session key (`x-session-id`) where the affinity tracker follows it:
+    # the session stays live while the request is in flight (routing/affinity/index.py)
+    session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,8 +70,10 @@ class PrefixIndex:
 class SessionTable:
     """Session key -> (the backend its last request went to, that prompt's tokens, when),
     at most `capacity` sessions, least recently seen dropped first; and per backend the
-    live footprint: the tokens of the sessions whose last request went there within the
-    last `live_s` seconds (their prefixes are what the server's cache must keep)."""
+    live footprint: the tokens of the sessions with a request in flight there or whose
+    last request there ended within the last `live_s` seconds (their prefixes are what
+    the server's cache must keep: an agent's next turn follows its answer, which at tens
+    of milliseconds a token may take longer than `live_s` to stream)."""
 
     def __init__(self, capacity: int, live_s: float = 30.0) -> None:
         self.capacity = capacity
@@ -79,6 +81,7 @@ class SessionTable:
         self._sessions: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self._live: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self._footprint: dict[str, float] = {}
+        self._inflight: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -98,12 +101,34 @@ class SessionTable:
             gone, _ = self._sessions.popitem(last=False)
             self._drop_live(gone)
 
+    def begin(self, session: str) -> None:
+        """A request of `session` is in flight: it stays live until `end` and `live_s`."""
+        self._inflight[session] = self._inflight.get(session, 0) + 1
+
+    def end(self, session: str, now: float) -> None:
+        """A request of `session` ended: its live time counts from `now`."""
+        left = self._inflight.get(session, 0) - 1
+        if left > 0:
+            self._inflight[session] = left
+        else:
+            self._inflight.pop(session, None)
+        self._refresh(session, now)
+
+    def _refresh(self, session: str, now: float) -> None:
+        entry = self._live.get(session)
+        if entry is not None:
+            self._live[session] = (entry[0], entry[1], max(entry[2], now))
+            self._live.move_to_end(session)
+
     def footprint(self, now: float, without: str | None = None) -> dict[str, float]:
         """Per backend the tokens of its live sessions, less session `without`'s own."""
         while self._live:
             oldest = next(iter(self._live))
             if now - self._live[oldest][2] <= self.live_s:
                 break
+            if oldest in self._inflight:
+                self._refresh(oldest, now)
+                continue
             self._drop_live(oldest)
         out = dict(self._footprint)
         own = self._live.get(without) if without is not None else None

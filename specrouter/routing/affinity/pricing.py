@@ -41,7 +41,10 @@ the request `load_ms` for each request already there (its decode steps are share
   the shared GPU: the two pools do not run side by side for long (`mixing_ms`). The
   switch is kept back (`affinity_keep_<pool>`) while that re-prefill costs more than
   what the new pool saves on one answer of every request in the group and of every
-  live session it moves (sessions of `footprint` counted at this prompt's size).
+  live session it moves (sessions of `footprint` counted at this prompt's size), or
+  while the old pool's servers hold the live sessions and the new pool's caches cannot
+  (`overflows`): a radix cache smaller than the sessions that cycle through it evicts
+  each before its next turn, so every turn there re-prefills its whole context.
 """
 
 from __future__ import annotations
@@ -188,6 +191,31 @@ def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
     return replace(decision, pool=other, reason=reason, recalls=False)
 
 
+def room_tokens(group: GroupView, pool: Pool, lookup: Lookup) -> float | None:
+    """The cache tokens `pool`'s healthy servers in `group` have left for more sessions:
+    their KV pools less the live sessions' prefixes there (None: a pool not known)."""
+    caches, footprint = lookup.cache_tokens, lookup.footprint
+    if caches is None or footprint is None:
+        return None
+    servers = group.healthy_servers(pool)
+    if not servers or any(b.name not in caches for b in servers):
+        return None
+    return sum(caches[b.name] - max(0.0, footprint.get(b.name, 0.0)) for b in servers)
+
+
+def overflows(moved: float, group: GroupView, old: Pool, new: Pool, lookup: Lookup) -> bool:
+    """Whether moving `moved` live-session tokens from `old`'s servers, which hold them, to
+    `new`'s overflows `new`'s caches. A radix cache evicts least recently used prefixes
+    first, and the sessions come back in turn, so a cache that cannot hold them all
+    evicts each one before its next turn: every turn re-prefills its whole context, not
+    only the first after the move, for as long as the group stays there."""
+    held_room = room_tokens(group, old, lookup)
+    new_room = room_tokens(group, new, lookup)
+    if held_room is None or new_room is None:
+        return False
+    return held_room >= 0 and moved > new_room
+
+
 def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: float,
                     group: GroupView, lookup: Lookup, prices: AffinityPrices) -> Decision:
     """`decision`, or the group kept on `previous_pool` when the strategy switches it
@@ -207,7 +235,8 @@ def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: flo
     sessions = moved / max(lookup.prompt_tokens, 1.0)
     gain = (decision.load + 1.0 + sessions) * pool_saving_ms(decision.pool, predictions,
                                                              prices)
-    if switch_cost_ms(moved, decision.load, prices) <= gain:
+    if (switch_cost_ms(moved, decision.load, prices) <= gain
+            and not overflows(moved, group, previous_pool, decision.pool, lookup)):
         return decision
     state = replace(decision.state, pool=previous_pool, since=previous_since)
     return replace(decision, pool=previous_pool, state=state,

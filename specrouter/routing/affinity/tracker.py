@@ -121,6 +121,16 @@ class AffinityTracker:
         self.prompt_tokens += prompt
         return hit
 
+    def begin(self, session: str | None) -> None:
+        """A request of `session` went upstream (`SessionTable.begin`)."""
+        if session is not None:
+            self._sessions.begin(session)
+
+    def end(self, session: str | None) -> None:
+        """That request ended: the session stays live `live_s` from now."""
+        if session is not None:
+            self._sessions.end(session, self._clock())
+
     def stats(self) -> dict[str, Any]:
         """For GET /policy: hit share, the share of prompt tokens routed to a backend
         believed to hold them, and each index's size against its bound."""

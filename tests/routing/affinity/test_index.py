@@ -78,3 +78,15 @@ def test_a_dropped_session_leaves_the_footprint() -> None:
     table.put("a", "b0", 100.0)
     table.put("b", "b0", 10.0)
     assert table.footprint(0.0) == {"b0": 10.0}
+
+
+def test_a_session_stays_live_while_its_request_is_in_flight_and_live_s_after_it_ends() -> None:
+    table = SessionTable(10, live_s=5.0)
+    table.put("a", "b0", 100.0, now=0.0)
+    table.begin("a")
+    table.put("b", "b0", 50.0, now=0.0)
+    # a long answer: "a" streams past live_s and still holds its prefix on b0
+    assert table.footprint(20.0) == {"b0": 100.0}
+    table.end("a", now=30.0)
+    assert table.footprint(34.0) == {"b0": 100.0}
+    assert table.footprint(35.5) == {"b0": 0.0}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specrouter.routing.affinity.pricing import (
     AFFINITY_REASONS,
     AffinityPrices,
@@ -196,3 +198,26 @@ def test_a_switch_without_live_sessions_or_session_key_is_followed() -> None:
     # not a switch: the group was already on the baseline
     live = look({}, prompt=30_000.0, footprint={"g0-base": 90_000.0}, caches={})
     assert keep_group_pool(d, "baseline", 7.0, group("g0"), live, PRICES) is d
+
+
+def test_a_switch_onto_caches_too_small_for_the_live_sessions_is_kept_back() -> None:
+    # the baseline saves 30 ms a token (53,760 ms against 7,200 ms of one re-prefill), but
+    # EAGLE-3's 300k-token cache holds 250k of other live sessions: the 90k moved from the
+    # baseline, which holds them, would evict each other before every turn
+    far = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 40.0)}
+    full = look({}, prompt=30_000.0, footprint={"g0-base": 90_000.0, "g0-eagle": 250_000.0},
+                caches={"g0-eagle": 3e5, "g0-base": 4.5e5})
+    out = keep_group_pool(switching("eagle", predictions=far), "baseline", 7.0, group("g0"),
+                          full, PRICES)
+    assert (out.pool, out.state.pool, out.reason) == ("baseline", "baseline",
+                                                       "affinity_keep_baseline")
+    # with room for them the switch goes
+    roomy = look({}, prompt=30_000.0, footprint={"g0-base": 90_000.0, "g0-eagle": 50_000.0},
+                 caches={"g0-eagle": 3e5, "g0-base": 4.5e5})
+    d = switching("eagle", predictions=far)
+    assert keep_group_pool(d, "baseline", 7.0, group("g0"), roomy, PRICES) is d
+    # a pool that overflows already does not hold its sessions: the price alone decides
+    over = look({}, prompt=30_000.0, footprint={"g0-base": 500_000.0, "g0-eagle": 250_000.0},
+                caches={"g0-eagle": 3e5, "g0-base": 4.5e5})
+    far_cheap = replace(d, load=0.0)
+    assert keep_group_pool(far_cheap, "baseline", 7.0, group("g0"), over, PRICES).pool == "eagle"

@@ -175,3 +175,23 @@ def test_a_session_on_eagle_stays_there_when_its_group_turns_to_the_baseline() -
     plain = router.choose(turn(0, 41))
     assert plain.group == t.group and plain.pool == "baseline"
     assert "affinity_hold_eagle" in hits.reasons
+
+
+def test_a_session_counts_against_its_servers_cache_until_its_answer_ends() -> None:
+    router, _ = make(SETTINGS.model_copy(update={"session_live_s": 5.0}))
+    tracker = router._affinity
+    assert tracker is not None
+    clock = [0.0]
+    tracker._clock = lambda: clock[0]
+    t = router.choose(turn(0, 0, header="s0"))
+    assert t.session == "s0"
+    router.acquire(t)
+    clock[0] = 60.0  # the answer streams for a minute
+    other = tracker.lookup(turn(1, 0, header="s1").prefix, "s1")
+    assert other is not None and other.footprint is not None
+    assert other.footprint[t.backend.name] > 0
+    router.release(t)
+    clock[0] = 64.0
+    assert tracker.lookup(None, "s1").footprint[t.backend.name] > 0  # type: ignore[union-attr]
+    clock[0] = 66.0
+    assert tracker.lookup(None, "s1").footprint[t.backend.name] == 0  # type: ignore[union-attr]
