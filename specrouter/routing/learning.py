@@ -166,8 +166,7 @@ class CostLearning:
 
     def inflight_changed(self, backend: str, now: float) -> None:
         group = self.view.backends[backend].group
-        count = sum(b.inflight for b in self.view.backends.values() if b.group == group)
-        self._sustained[group].step(now, float(count))
+        self._sustained[group].step(now, float(self.view.group_inflight(group)))
 
     def admitted(self, backend: str, now: float, prefill_tokens: float) -> None:
         """A request went to `backend` with this many prompt tokens to prefill there."""

@@ -51,6 +51,7 @@ from specrouter.routing.router import (
 from specrouter.routing.strategies.registry import STRATEGIES
 
 _ARRIVING = "(arriving)"
+_NO_HINTS = Hints()  # immutable: one for every request that gives none
 
 
 class DecisionMetrics(Protocol):
@@ -248,9 +249,10 @@ class LoadAwareRouter:
 
     def _hints(self, policy: Policy, request: RequestInfo) -> Hints:
         if not policy.allow_client_override:
-            return Hints()  # the header is ignored, even a malformed one
+            return _NO_HINTS  # the header is ignored, even a malformed one
         try:
-            return Hints(parse_pool_header(request.pool_header))
+            wanted = parse_pool_header(request.pool_header)
+            return _NO_HINTS if wanted is None else Hints(wanted)
         except HeaderError as exc:
             raise InvalidPoolHeader(str(exc)) from None
 
@@ -323,6 +325,8 @@ class LoadAwareRouter:
                       held: Mapping[str, float] | None = None) -> Backend:
         """The least loaded of `backends`; with `held`, the one holding most of the
         request's prompt first."""
+        if len(backends) == 1:
+            return self._by_name[backends[0].name]
         if held:
             best = min(backends, key=lambda b: (-held.get(b.name, 0.0), b.load(signal)))
             return self._by_name[best.name]

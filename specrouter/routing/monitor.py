@@ -60,15 +60,21 @@ class BackendMonitor:
     def groups(self, now: float, exclude: frozenset[str] = frozenset()) -> tuple[GroupView, ...]:
         """Every group; a backend in `exclude` counts as unhealthy."""
         health = self.health
-
-        def usable(name: str) -> bool:
-            return name not in exclude and health.healthy(name, now)
+        if exclude:
+            def usable(name: str) -> bool:
+                return name not in exclude and health.healthy(name, now)
+        else:
+            def usable(name: str) -> bool:
+                return health.healthy(name, now)
 
         groups = self.view.snapshot(now, usable)
         if self.cluster is not None:
             groups = self.cluster.merged(groups)
         sustained = self.learning.sustained
-        return tuple(GroupView(g.name, g.backends, sustained(g.name, now)) for g in groups)
+        if len(groups) == 1:
+            g = groups[0]
+            return (g.with_sustained(sustained(g.name, now)),)
+        return tuple(g.with_sustained(sustained(g.name, now)) for g in groups)
 
     def group(self, name: str, now: float) -> GroupView:
         """One group with this replica's own counts."""

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specrouter.observe.loadview import (
+    ACCEPT_MAX_AGE_S,
     HISTORY_S,
     SNAPSHOT_MAX_AGE_S,
     BackendView,
@@ -232,16 +233,82 @@ _OPS = st.lists(st.tuples(st.sampled_from(["acquire", "release", "publish", "acc
                           st.floats(0.0, 0.4), st.floats(0.0, 2.5)), max_size=40)
 
 
-@settings(max_examples=200, deadline=None)
-@given(_OPS)
-def test_a_cached_snapshot_reads_as_a_fresh_build(ops: list[tuple[str, str, float, float]]
-                                                   ) -> None:
+def _reference(lv: LoadView, name: str, now: float, healthy: bool) -> BackendView:
+    """A backend's view built field by field from its counters, through the dataclass's
+    own constructor: what `LoadView` hands out must equal it."""
+    b = lv.backends[name]
+    fresh = b.accept_seen_at is not None and now - b.accept_seen_at <= ACCEPT_MAX_AGE_S
+    return BackendView(
+        name=b.name, pool=b.pool, healthy=healthy, inflight=b.inflight,
+        engine=b.engine_load(now, lv.poll_interval), telemetry_age=b.age(now),
+        stale=b.is_stale(now, lv.poll_interval),
+        accept_length=b.accept_length if fresh else None,
+        accept_seen_at=b.accept_seen_at if fresh else None,
+        accept_batch=b.accept_batch if fresh else None,
+        accept_window=b.accept_window if fresh else None)
+
+
+def _reads(g: GroupView) -> tuple[object, ...]:
+    """Everything a decision reads of a group view (its backends by name: their views
+    are compared apart, their telemetry age aside)."""
+    return (g.any_healthy, *(g.load(s) for s in ("inflight", "engine", "max")),
+            *(tuple(b.name for b in g.servers(p)) for p in ("eagle", "baseline")),
+            *(tuple(b.name for b in g.healthy_servers(p)) for p in ("eagle", "baseline")),
+            g.pool_healthy("eagle"), g.pool_healthy("baseline"), g.eagle_accept(),
+            g.eagle_accept_batch(), g.eagle_accept_window())
+
+
+def _direct_reads(g: GroupView) -> tuple[object, ...]:
+    """`_reads` computed from the backends, not through the group view's own reads."""
+    def servers(pool: str, healthy: bool = False) -> tuple[str, ...]:
+        return tuple(b.name for b in g.backends if b.pool == pool and (b.healthy or not healthy))
+
+    fresh = [b for b in g.backends if b.pool == "eagle" and b.accept_length is not None
+             and b.accept_seen_at is not None]
+    best = max(fresh, key=lambda b: b.accept_seen_at or 0.0, default=None)
+    return (any(b.healthy for b in g.backends),
+            *(sum(b.load(s) for b in g.backends) for s in ("inflight", "engine", "max")),
+            servers("eagle"), servers("baseline"), servers("eagle", True),
+            servers("baseline", True), bool(servers("eagle", True)),
+            bool(servers("baseline", True)),
+            (None, None) if best is None else (best.accept_length, best.accept_seen_at),
+            None if best is None else best.accept_batch,
+            None if best is None else best.accept_window)
+
+
+def test_a_view_holds_every_field_of_the_dataclass() -> None:
+    lv = view()
+    lv.publish_accept("e0", EngineSample(3, 0, 1.0, accept_length=2.0, accept_window=(2.0,)))
+    built = lv.backend_view("e0", 1.0)
+    assert set(vars(built)) == {f.name for f in fields(BackendView)}
+    assert built == _reference(lv, "e0", 1.0, True)
+    assert hash(built) == hash(_reference(lv, "e0", 1.0, True))
+
+
+def test_a_group_view_reads_the_same_however_often_and_with_its_sustained_load() -> None:
+    lv = view()
+    lv.acquire("e0", 1.0)
+    lv.publish("b0", EngineSample(4, 1, 1.0))
+    g = lv.snapshot(1.0)[0]
+    first = _reads(g)
+    assert _reads(g) == first == _direct_reads(g)
+    again = g.with_sustained(7.5)
+    assert again.sustained == 7.5 and again == replace(g, sustained=7.5)
+    assert _reads(again) == first == _reads(GroupView(g.name, g.backends))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OPS, st.lists(st.booleans(), min_size=40, max_size=40))
+def test_a_cached_snapshot_reads_as_a_fresh_build(ops: list[tuple[str, str, float, float]],
+                                                   read: list[bool]) -> None:
+    # Reads are skipped at random, so several counts, readings and flips may fall between
+    # two reads of the cached snapshot.
     lv, now, down = view(), 0.0, set[str]()
 
     def healthy(name: str) -> bool:
         return name not in down
 
-    for op, name, dt, x in ops:
+    for (op, name, dt, x), reading in zip(ops, read, strict=False):
         now += dt if op == "wait" else dt / 10
         if op == "acquire":
             lv.acquire(name, now)
@@ -254,11 +321,20 @@ def test_a_cached_snapshot_reads_as_a_fresh_build(ops: list[tuple[str, str, floa
             lv.publish_accept(name, EngineSample(0, 0, now - x * 20, accept_length=2 + x))
         elif op == "flag":
             down ^= {name}
+        for g in lv.group_names():
+            assert lv.group_inflight(g) == sum(b.inflight for b in lv.backends.values()
+                                               if b.group == g)
+        if not reading:
+            continue
         reads = dict(lv.stale_reads())
         cached = lv.snapshot(now, healthy)
         counted = dict(lv.stale_reads())
-        fresh = tuple(lv.group_view(g, now, healthy) for g in lv.group_names())
+        fresh = tuple(GroupView(g, tuple(_reference(lv, n, now, healthy(n))
+                                         for n in sorted(lv.backends)
+                                         if lv.backends[n].group == g))
+                      for g in lv.group_names())
         assert _without_age(cached) == _without_age(fresh)
+        assert [_reads(g) for g in cached] == [_direct_reads(g) for g in fresh]
         for b in (b for g in fresh for b in g.backends):
             read_stale = b.stale and lv.backends[b.name].sample is not None
             assert counted[b.name] - reads[b.name] == int(read_stale)
