@@ -94,8 +94,11 @@ async def _wait_inflight(cluster: Cluster, group: str, expected: int) -> None:
 
 
 def test_threshold_switches_with_hysteresis_per_group(cluster: ClusterFactory) -> None:
+    # exact in-flight counts: no stream moves once it answers (handovers are
+    # tests/integration/test_recall.py's)
     c = cluster(policy={"strategy": "threshold", "switch_up": 4, "switch_down": 1,
-                        "load_signal": "inflight"})
+                        "load_signal": "inflight"},
+                env={"SPECROUTER_ADMISSION__HANDOVER_MAX_TOKENS": "0"})
 
     async def scenario() -> None:
         async with streams(c) as held:
