@@ -77,11 +77,13 @@ DEFAULT_FRACTIONS = (0.06, 0.2, 0.45, 0.8, 1.1)
 # measured, EAGLE-3 alone still led at 1.1x (17.2 req/s: p50 1.23 s, the baseline 1.55 s)
 # and queued at 1.4x (21.9 req/s: TTFT p99 1.78 s; p50 2.68 s, the baseline 1.91 s).
 PROFILE_FRACTIONS = {"h200-llama3-8b": (*DEFAULT_FRACTIONS, 1.4)}
-# Requests per Poisson rate: at least MIN_REQUESTS (a stable median), and arrivals over
-# at least the time SATURATION_REQUESTS take at the saturation rate (three batches of
-# 64), so that a loaded rate reaches its steady batch and queue instead of measuring
-# the ramp: at 1.1 x saturation that is 212 requests.
-MIN_REQUESTS = 32
+# Requests per Poisson rate: at least MIN_REQUESTS, and arrivals over at least the time
+# SATURATION_REQUESTS take at the saturation rate (three batches of 64), so that a loaded
+# rate reaches its steady batch and queue instead of measuring the ramp: at 1.1 x
+# saturation that is 212 requests. With 100 the TTFT p99 (linear interpolation) is the
+# second-largest value, so no single request decides it, as it does with 32 to 64
+# (docs/policy.md section 5b).
+MIN_REQUESTS = 100
 SATURATION_REQUESTS = 192
 # Burst pattern: on at 1.2x the saturation rate (a burst no pool absorbs without a
 # queue), off at a light load, in periods holding about this many arrivals each.
