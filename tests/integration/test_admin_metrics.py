@@ -6,6 +6,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RouterFactory
 from tests.integration.conftest import ADMIN_TOKEN, ClusterFactory, backend_name
 
@@ -89,6 +90,11 @@ def _families(url: str) -> dict[str, object]:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
+def _requests_done(url: str) -> float:
+    family = _families(url).get("specrouter_requests")
+    return sum(s.value for s in getattr(family, "samples", ()) if s.name.endswith("_total"))
+
+
 def test_metrics_exposition_has_the_series(cluster: ClusterFactory) -> None:
     c = cluster()
     client = openai.OpenAI(base_url=f"{c.url}/v1", api_key="none", max_retries=0)
@@ -99,6 +105,8 @@ def test_metrics_exposition_has_the_series(cluster: ClusterFactory) -> None:
     c.patch(mode="baseline")
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                    max_tokens=4)
+    # a request is counted once its last byte left, which the client may read first
+    wait_until(lambda: _requests_done(c.url) == 4, 5.0, "4 requests counted")
     families = _families(c.url)
     for name in ("specrouter_requests", "specrouter_decisions", "specrouter_upstream_errors",
                  "specrouter_time_to_first_token_seconds",
