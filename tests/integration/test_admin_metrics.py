@@ -98,6 +98,8 @@ def _requests_done(url: str) -> float:
 def test_metrics_exposition_has_the_series(cluster: ClusterFactory) -> None:
     c = cluster()
     client = openai.OpenAI(base_url=f"{c.url}/v1", api_key="none", max_retries=0)
+    # the pools are forced, so the series' labels are known whatever the load on this host
+    c.patch(mode="eagle")
     for _ in range(3):
         stream = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True)
@@ -129,7 +131,7 @@ def test_metrics_exposition_has_the_series(cluster: ClusterFactory) -> None:
         if n.endswith("_total"):
             assert lbl["group"] in ("gpu0", "gpu1")
             decided[lbl["pool"], lbl["reason"]] = decided.get((lbl["pool"], lbl["reason"]), 0) + v
-    assert decided[("eagle", "online_eagle")] == 3
+    assert decided[("eagle", "forced_mode")] == 3
     assert decided[("baseline", "forced_mode")] == 1
     ttft = [v for n, lbl, v in samples("specrouter_time_to_first_token_seconds")
             if n.endswith("_count") and lbl["pool"] == "eagle"]
@@ -138,7 +140,7 @@ def test_metrics_exposition_has_the_series(cluster: ClusterFactory) -> None:
            if n.endswith("_count")]
     assert sum(e2e) == 4
     version = [v for _, _, v in samples("specrouter_policy_version")]
-    assert version == [2]
+    assert version == [3]
     ages = {lbl["backend"]: v for _, lbl, v in samples("specrouter_telemetry_age_seconds")}
     assert set(ages) == {"gpu0-eagle", "gpu0-baseline", "gpu1-eagle", "gpu1-baseline"}
     assert all(age < 1.0 for age in ages.values())
