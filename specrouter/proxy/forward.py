@@ -150,6 +150,8 @@ class Proxy:
         # a chat event carries one verify step's tokens in ~150 bytes of JSON: a stream
         # this long has sent more tokens than a handover budget holds
         self.handover_record_bytes = self.handover_max_tokens * 64
+        # a prompt's tokens where affinity estimated none (affinity off)
+        self.bytes_per_token = settings.affinity.bytes_per_token
         self.affinity = settings.affinity if settings.affinity.enabled else None
         self.prober = ShadowProber(router, upstreams, settings.timeouts.total)
         self.abandoner = Abandoner(router, upstreams, abort=settings.upstream.abort_abandoned,
@@ -515,9 +517,8 @@ class RequestCycle:
             cut = boundary(chunk)
             if cut == 0:
                 return chunk  # the event goes on in the next chunk
-            head, chunk = chunk[:cut], chunk[cut:]
-            await self.send({"type": "http.response.body", "body": head, "more_body": True})
-            relay.sent(head)
+            await self._send_part(relay, chunk[:cut])
+            chunk = chunk[cut:]
         handed = self._continuation(relay, target)
         if handed is not None:
             raise _HandOver(handed)
@@ -539,7 +540,7 @@ class RequestCycle:
         if handed is None:
             return None
         prompt = (self.info.prefix.prompt_tokens if self.info.prefix is not None
-                  else len(self.body) / 4)
+                  else len(self.body) / self.proxy.bytes_per_token)
         budget = target.recall.budget if target.recall is not None else None
         return handed if budget is not None and budget.take(prompt + handed.tokens_sent) else None
 
@@ -557,20 +558,19 @@ class RequestCycle:
         failure: UpstreamError | None = None
         try:
             async for chunk in response.iter_raw():
-                out = restamp.feed(chunk) if chunk else b""
-                if out:
-                    await self.send({"type": "http.response.body", "body": out,
-                                     "more_body": True})
-                    relay.sent(out)
-            out = restamp.flush()
-            if out:
-                await self.send({"type": "http.response.body", "body": out, "more_body": True})
-                relay.sent(out)
+                await self._send_part(relay, restamp.feed(chunk))
+            await self._send_part(relay, restamp.flush())
         except UpstreamError as exc:
             failure = exc
         error, trailer = self._stream_outcome(attempt, relay, failure)
         await self.send({"type": "http.response.body", "body": trailer, "more_body": False})
         return error
+
+    async def _send_part(self, relay: StreamRelay, data: bytes) -> None:
+        """Send `data` (if any) as a part of the body that more parts follow."""
+        if data:
+            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+            relay.sent(data)
 
     async def _end_handed(self, message: str, status: int) -> None:
         """End a handed-over stream whose continuation could not start: the client's
