@@ -11,13 +11,11 @@ client that writes `stream` or `max_tokens` first still matches.
 
 Every byte counts: each block's CRC-32 (zlib, over a view of the body: no copy) is
 chained into a 64-bit key by `hash`, so prompts that differ in any byte of a block
-differ from that block on, as SGLang's radix cache does, and a 120 KB body costs about
-60 microseconds (5 KB: 2) with the JSON never parsed again. Hashing a sample of the
-bytes instead (every 8th) cost a third of that, but two prompts differing only between
-sampled positions (templated prompts: one file name or ticket number of the same length
-changed, the rest equal) shared every key: the router then counted their prompts as
-cached, and the online model's readings, taken net of the prefill the router sent,
-kept that prefill in EAGLE-3's step cost (docs/policy.md section 5b).
+differ from that block on, as SGLang's radix cache does. Templated prompts that differ
+in one file name of equal length therefore share no key past it, and their prefill
+estimate (`Target.prefill_tokens`, which the online model's readings are taken net of)
+counts them whole. A 120 KB body costs about 60 microseconds, a 5 KB one 2, and the
+JSON is never parsed again.
 
 The keys use Python's `hash`, salted per process: they are compared only inside one
 router process. Cross-replica agreement goes through the session key (`home_group`).
