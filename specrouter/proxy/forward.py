@@ -198,11 +198,12 @@ class RequestCycle:
     client disconnect no longer cancels the cycle. `client_gone` says the watcher did.
     `client_rids` are the rids the client set in a generation body (None: it set none).
     `handed` restamps the events of a continuation once the stream was handed over.
+    `relay` is what the stream being relayed sent so far (None before one starts).
     """
 
     __slots__ = ("body", "client_gone", "client_rids", "disconnect_watch", "finished",
-                 "generation", "handed", "head", "info", "method", "path", "proxy", "router",
-                 "send", "task", "writer")
+                 "generation", "handed", "head", "info", "method", "path", "proxy", "relay",
+                 "router", "send", "task", "writer")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
                  body: RequestBody, info: RequestInfo, generation: bool = False) -> None:
@@ -226,6 +227,7 @@ class RequestCycle:
         self.generation = generation
         self.client_rids = client_rids(body) if generation else None
         self.handed: Restamp | None = None
+        self.relay: StreamRelay | None = None
 
     async def run(self, receive: Receive) -> None:
         self.task = task = asyncio.current_task()
@@ -252,11 +254,16 @@ class RequestCycle:
                 watch(None)
 
     def _client_left(self) -> None:
-        """Cancel the request's task the moment the client goes away (once it finished,
-        the last message is on its way and nothing is cancelled)."""
-        if not self.finished and self.task is not None:
-            self.client_gone = True
-            self.task.cancel()
+        """Cancel the request's task the moment the client goes away. Nothing is cancelled
+        once it finished (the last message is on its way) nor once the client got the
+        stream's `[DONE]`: it had the whole answer (the OpenAI client closes at `[DONE]`,
+        before the upstream's end of body), so the cycle ends as answered."""
+        if self.finished or self.task is None:
+            return
+        if self.relay is not None and ended_with_done(self.relay.tail):
+            return
+        self.client_gone = True
+        self.task.cancel()
 
     async def _watch_disconnect(self, receive: Receive) -> None:
         """Without the server's disconnect watch: wait in `receive` for the client to go."""
@@ -447,7 +454,8 @@ class RequestCycle:
         send = self.send
         started = False
         handover = self._may_hand_over(target)
-        relay = StreamRelay(self.writer, self.proxy.handover_record_bytes if handover else 0)
+        relay = self.relay = StreamRelay(self.writer,
+                                         self.proxy.handover_record_bytes if handover else 0)
         direct = self.writer is not None
         failure: UpstreamError | None = None
         try:
@@ -554,7 +562,7 @@ class RequestCycle:
             refused = f"the continuation answered HTTP {response.status}"
             await self._fail(target, 502, f"backend {target.backend.name}: {refused}")
             return refused if response.status >= 500 else None
-        relay = StreamRelay(None, tail=b"\n\n")
+        relay = self.relay = StreamRelay(None, tail=b"\n\n")
         failure: UpstreamError | None = None
         try:
             async for chunk in response.iter_raw():

@@ -62,9 +62,10 @@ class Backend_:
     """Answers generations with `answer()`; answers `/abort_request` with `abort_status`
     once `abort_gate` is set. Records every request."""
 
-    def __init__(self, stream: bytes = ANSWER, *, hang: bool = False,
-                 abort_status: int = 200) -> None:
-        self.stream = stream
+    def __init__(self, stream: bytes | Sequence[bytes] = ANSWER, *, hang: bool = False,
+                 abort_status: int = 200, gate: asyncio.Queue[None] | None = None) -> None:
+        self.chunks = [stream] if isinstance(stream, bytes) else list(stream)
+        self.gate = gate
         self.hang = hang
         self.abort_status = abort_status
         self.abort_gate = asyncio.Event()
@@ -83,7 +84,7 @@ class Backend_:
         self.requests.append((path, json.loads(body)))
         if self.hang:
             await asyncio.Event().wait()
-        return Scripted(200, SSE, [self.stream])
+        return Scripted(200, SSE, self.chunks, self.gate)
 
     async def aclose(self) -> None:
         pass
@@ -254,6 +255,31 @@ def test_a_client_that_leaves_gets_its_request_aborted_and_counted_until_then() 
         assert router.held["e0"] == 1  # SGLang still holds it
         e0.abort_gate.set()
         await router.released.wait()
+        assert router.held == {"e0": 0, "b0": 0}
+
+    run(scenario())
+
+
+def test_a_client_that_leaves_after_done_had_the_whole_answer() -> None:
+    """The OpenAI client closes at `[DONE]`, before the upstream's end of body: nothing is
+    aborted and the cycle ends as answered."""
+    async def scenario() -> None:
+        gate: asyncio.Queue[None] = asyncio.Queue()
+        router = ListRouter()
+        e0 = Backend_([ANSWER, b""], gate=gate)
+        exchange = Exchange(make_app(router, e0, Backend_()), "/v1/chat/completions",
+                            STREAM_CHAT)
+        task = asyncio.create_task(exchange.run())
+        gate.put_nowait(None)
+        while not exchange.content.endswith(DONE):
+            await asyncio.sleep(0)
+        exchange.leave()
+        await asyncio.sleep(0)  # one loop turn: the watcher reads the disconnect first
+        gate.put_nowait(None)
+        await task
+        assert e0.aborts == []
+        assert exchange.sent[-1] == {"type": "http.response.body", "body": b"",
+                                     "more_body": False}
         assert router.held == {"e0": 0, "b0": 0}
 
     run(scenario())
