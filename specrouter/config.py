@@ -283,8 +283,8 @@ class AdmissionSettings(_Section):
     meanwhile count as load; a burst still arriving at the cap counts twice. Only the
     EAGLE-3 regime pays it (one window at low load, a few ms on generations of seconds),
     and only where a plausible burst would change the decision: twice the most arrivals
-    seen within one max wait over the last `arrival_memory_s` (any burst until the router
-    has watched that long); 0 turns it off.
+    seen within one max wait over the last `arrival_memory_s` (over its life, for a router
+    younger than that); 0 turns it off.
 
     A burst spread wider than the window still leaks requests to EAGLE-3. With
     `recall_unstarted`, when a group switches to the baseline (under a strategy that

@@ -10,9 +10,11 @@ waits when the request would go to the baseline anyway.
 Nor when no plausible burst could change the decision: `plausible_burst` is what the
 window could count, judged by the recent arrivals: twice the most arrivals seen within
 one `max_wait_s` span over the last one to two `memory_s` (a burst still arriving at the
-cap counts twice), at least two. Until `memory_s` has passed since the first arrival
-it is None: any burst counts as plausible, so a router that has not watched its
-traffic yet waits whenever the request would go to EAGLE-3.
+cap counts twice), at least two. A router younger than `memory_s` judges by what it has
+seen since its start, as an older one does by its last periods: a light load waits for
+nothing from its first request, and a burst becomes plausible while it arrives (its
+first requests may go to EAGLE-3; the recall takes back the streams among them that have
+not answered when the group switches).
 """
 
 from __future__ import annotations
@@ -37,18 +39,15 @@ class ArrivalWindow:
         self._last_arrival = float("-inf")  # event-loop time of the latest one
         self._recent: deque[float] = deque()  # arrival times of the last max_wait_s
         self._peak = 0  # most arrivals within one max_wait_s span, this memory period
-        self._peak_before: int | None = None  # the same, the period before (None: unwatched)
+        self._peak_before = 0  # the same, the period before (0 in the first period)
         self._period_end: float | None = None
 
     @property
     def enabled(self) -> bool:
         return self.window_s > 0
 
-    def plausible_burst(self) -> int | None:
-        """The most requests a burst may still bring within one wait; None: any number
-        (module docstring)."""
-        if self._peak_before is None:
-            return None
+    def plausible_burst(self) -> int:
+        """The most requests a burst may still bring within one wait (module docstring)."""
         return 2 * max(1, self._peak, self._peak_before)
 
     def _record(self, now: float) -> None:

@@ -208,8 +208,6 @@ class LoadAwareRouter:
         if alone is None or not (alone.pool == "eagle" or alone.probe_tokens is not None):
             return False
         burst = self._arrivals.plausible_burst()
-        if burst is None:
-            return True
         crowded = self._dry_run(policy, self._with_arrivals(groups, burst), now, models)
         return (crowded is None or crowded.pool != alone.pool
                 or (crowded.probe_tokens is None) != (alone.probe_tokens is None))

@@ -108,13 +108,32 @@ async def _settle_times(router: LoadAwareRouter, gaps: list[float]) -> list[floa
 
 def test_no_wait_when_no_burst_seen_lately_could_flip_the_decision() -> None:
     # Requests 0.3 s apart, one at a time: a burst seen is one request, plausibly two.
-    # Far below switch_up 8 two more cannot flip EAGLE-3: once the router has watched
-    # its arrivals for one memory period (0.2 s), nothing waits the 0.15 s window.
+    # Far below switch_up 8 two more cannot flip EAGLE-3: nothing waits the 0.15 s
+    # window, from the router's first request on (before one memory period of 0.2 s).
     far, _ = make(ONE_GROUP, window_s=0.15, max_wait_s=0.15, memory_s=0.2,
                   switch_up=8, switch_down=4)
-    waits = asyncio.run(_settle_times(far, [0.0, 0.3, 0.3]))
-    assert waits[0] >= 0.15  # not watched yet: any burst is plausible
-    assert max(waits[1:]) < 0.1
+    assert max(asyncio.run(_settle_times(far, [0.0, 0.3, 0.3]))) < 0.1
+
+
+def test_a_burst_on_a_young_router_is_decided_together_once_it_is_plausible() -> None:
+    async def burst(router: LoadAwareRouter, n: int) -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+
+        async def one() -> tuple[str, float]:
+            started = loop.time()
+            ahead = await router.settle(CHAT)
+            return admit(router, replace(CHAT, burst_ahead=ahead)).pool, loop.time() - started
+
+        return list(await asyncio.gather(*(one() for _ in range(n))))
+
+    # The first request alone cannot flip switch_up 4 with a plausible two more: it goes
+    # at once. From the second on, a burst of four more is plausible: they wait and are
+    # decided together.
+    young, _ = make(ONE_GROUP, window_s=0.05, max_wait_s=0.05, switch_up=4, switch_down=0)
+    decided = asyncio.run(burst(young, 6))
+    assert decided[0][0] == "eagle" and decided[0][1] < 0.04
+    assert [pool for pool, _ in decided[1:]] == ["baseline"] * 5
+    assert decided[1][1] >= 0.05  # the last ones saw a load bound for the baseline anyway
 
 
 def test_the_window_still_waits_where_a_plausible_burst_flips_the_decision() -> None:
@@ -186,10 +205,15 @@ def test_client_header_rules() -> None:
 async def _spread(router: LoadAwareRouter, n: int, gap_s: float,
                   use_hint: bool = True) -> list[str]:
     """`n` requests `gap_s` apart through settle and choose, as the proxy runs them."""
-    async def one(i: int) -> str:
+    return [t.pool for t in await _spread_targets(router, n, gap_s, use_hint)]
+
+
+async def _spread_targets(router: LoadAwareRouter, n: int, gap_s: float,
+                          use_hint: bool = True) -> list[Target]:
+    async def one(i: int) -> Target:
         await asyncio.sleep(i * gap_s)  # each client connects a little later
         burst_ahead = await router.settle(CHAT)
-        return admit(router, replace(CHAT, burst_ahead=burst_ahead if use_hint else 0)).pool
+        return admit(router, replace(CHAT, burst_ahead=burst_ahead if use_hint else 0))
 
     return list(await asyncio.gather(*(one(i) for i in range(n))))
 
@@ -201,13 +225,20 @@ def test_a_burst_spread_over_several_windows_is_still_seen_whole() -> None:
 
 
 def test_a_burst_still_arriving_at_the_cap_is_expected_to_go_on() -> None:
-    # 60 requests 2 ms apart (closed-loop clients opening their connections): the first
-    # one's wait ends at the 40 ms cap with ~20 seen, below switch_up 30. Taken to go on
-    # as long again, the burst is ~40: nothing goes to EAGLE-3.
+    # 60 requests 2 ms apart (closed-loop clients opening their connections), as the
+    # router saw them once already (so a burst that size is plausible): the first one's
+    # wait ends at the 40 ms cap with ~20 seen, below switch_up 30. Taken to go on as long
+    # again, the burst is ~40: nothing goes to EAGLE-3.
     def run(use_hint: bool) -> list[str]:
         router, _ = make(ONE_GROUP, window_s=0.01, max_wait_s=0.04, switch_up=30,
                          switch_down=20)
-        return asyncio.run(_spread(router, 60, 0.002, use_hint))
+
+        async def again() -> list[str]:
+            for target in await _spread_targets(router, 60, 0.002):
+                router.release(target)
+            return await _spread(router, 60, 0.002, use_hint)
+
+        return asyncio.run(again())
 
     assert run(use_hint=True) == ["baseline"] * 60
     assert "eagle" in run(use_hint=False)  # what the cap alone would do

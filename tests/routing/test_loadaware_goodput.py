@@ -300,8 +300,9 @@ def test_a_probe_reading_after_a_quiet_period_outweighs_the_stale_average() -> N
 
 def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
     # 20 requests on the baseline after the accept length fell from 3.0 to 1.6: a probe
-    # is due (crossover 61 at 3.0). 50 more arrive at once: at 70 even 3.0 loses, so
-    # with the arrival window no probe goes out; without it the first one carries one.
+    # is due (crossover 61 at 3.0). 50 more arrive at once, as 50 did before (so a burst
+    # that size is plausible): at 70 even 3.0 loses, so with the arrival window no probe
+    # goes out; without it the first one carries one.
     async def burst(router: LoadAwareRouter) -> list[Target]:
         async def one() -> Target:
             await router.settle(CHAT)
@@ -318,7 +319,11 @@ def test_a_burst_behind_a_probe_carrier_is_seen_before_the_probe_goes() -> None:
             poll(router, clock, 0, 20, 1.6)
         for _ in range(20):
             router.acquire(Target("g0", "baseline", GROUP[1], "held"))
+        asyncio.run(seen(router))
         return router
+
+    async def seen(router: LoadAwareRouter) -> None:
+        await asyncio.gather(*(router.settle(CHAT) for _ in range(50)))
 
     assert sum(t.probe is not None for t in asyncio.run(burst(primed(0.0)))) == 1
     # a window far wider than the 50 arrivals take, even on a loaded host
