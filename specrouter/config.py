@@ -347,6 +347,9 @@ class AffinitySettings(_Section):
     session_home: bool = False
     expected_output_tokens: int = Field(default=256, ge=0)
     eagle_saving_ms_per_token: float = Field(default=2.0, ge=0)
+    # weight of one engine report of cached tokens in a backend's retention
+    # (routing/affinity/retention.py)
+    retention_weight: float = Field(default=0.2, gt=0, le=1)
 
     @field_validator("cache_tokens_by_backend")
     @classmethod

@@ -231,6 +231,15 @@ def _engine_counters(urls: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+def _router_affinity(url: str) -> Any:
+    """The router's affinity state after a level (GET /policy `affinity`: hits, and per
+    backend the observed cache retention), None when it cannot be read."""
+    try:
+        return httpx.get(url.rstrip("/") + "/policy", timeout=5.0).json().get("affinity")
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def affinity_env(groups: Sequence[SimGroup], profile: str, scale: float = 1.0
                  ) -> dict[str, str]:
     """The affinity index sized like each engine's KV pool, prefill priced by the profile,
@@ -294,6 +303,7 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
     out: list[dict[str, Any]] = []
     with Stack() as stack:
         pids: dict[str, int] = {}
+        router_url: str | None = None
         if config == "adaptive":
             if f"{{{ADAPTIVE_KIND}" not in options and f",{ADAPTIVE_KIND}" not in options:
                 return [{"error": "this simulator has no adaptive engine kind"}
@@ -313,7 +323,7 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
                        **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile, scale)}
                 router = stack.router([b for g in groups for b in g.backends()], env=env)
                 pids["router"] = router.child.pid
-                targets = [router.url]
+                targets = [router_url := router.url]
             elif config.startswith("sglang-"):
                 if not peer.peer_available():
                     return [{"error": "sglang-router not installed (pip install '.[bench]')"}
@@ -351,6 +361,8 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
                          cpu_cores=shares, saturated=saturated(shares),
                          wall_s=round(wall, 1), unsent_turns=player.unsent_turns,
                          sessions=describe(sessions))
+            if router_url is not None:
+                level["affinity"] = _router_affinity(router_url)
             if env:
                 level["env"] = {k: v for k, v in env.items() if k != "SPECROUTER_POLICY"}
                 level["policy"] = json.loads(env["SPECROUTER_POLICY"])

@@ -121,7 +121,14 @@ class _LiveCollector(Collector):
                 pool.add_metric([group, p], 1.0 if current == p else 0.0)
         version = GaugeMetricFamily(f"{PREFIX}_policy_version", "Version of the policy in force")
         version.add_metric([], live.policy_version)
-        yield from (inflight, healthy, breaker, engine, age, stale, accept, load, pool, version)
+        retention = GaugeMetricFamily(f"{PREFIX}_affinity_retention",
+                                      "Share of the affinity index's prediction the backend's "
+                                      "prefix cache held, from its reported cached tokens",
+                                      labels=["backend"])
+        for backend, share in live.cache_retention.items():
+            retention.add_metric([backend], share)
+        yield from (inflight, healthy, breaker, engine, age, stale, accept, load, pool, version,
+                    retention)
         yield from _learned_families(live)
 
 

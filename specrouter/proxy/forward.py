@@ -65,6 +65,7 @@ from specrouter.proxy.response import (
     ended_with_done,
     is_event_stream,
     read_whole,
+    reported_cache,
     response_headers,
     send_json,
     stream_error_trailer,
@@ -201,9 +202,9 @@ class RequestCycle:
     `relay` is what the stream being relayed sent so far (None before one starts).
     """
 
-    __slots__ = ("body", "client_gone", "client_rids", "disconnect_watch", "finished",
-                 "generation", "handed", "head", "info", "method", "path", "proxy", "relay",
-                 "router", "send", "task", "writer")
+    __slots__ = ("answer", "body", "client_gone", "client_rids", "disconnect_watch",
+                 "finished", "generation", "handed", "head", "info", "method", "path",
+                 "proxy", "relay", "router", "send", "task", "writer")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
                  body: RequestBody, info: RequestInfo, generation: bool = False) -> None:
@@ -228,6 +229,7 @@ class RequestCycle:
         self.client_rids = client_rids(body) if generation else None
         self.handed: Restamp | None = None
         self.relay: StreamRelay | None = None
+        self.answer = b""  # a non-stream answer's body, read for its usage
 
     async def run(self, receive: Receive) -> None:
         self.task = task = asyncio.current_task()
@@ -394,10 +396,19 @@ class RequestCycle:
                 attempt.settled = error is None
             if error is None and status >= 500:
                 error = f"HTTP {status}"
+            if error is None and self.generation and status < 300:
+                self._observe_cached(target)
             if not attempt.cut_by_router:
                 self.router.record_outcome(name, error is None, error)
         finally:
             await response.aclose()
+
+    def _observe_cached(self, target: Target) -> None:
+        """Tell the router what the engine reported it had cached of this request."""
+        data = self.answer or (self.relay.tail if self.relay is not None else b"")
+        seen = reported_cache(data)
+        if seen is not None:
+            self.router.observe_cached(target, *seen)
 
     def _retry_exclude(self, tried: frozenset[str], failed: Target,
                        unreachable: bool) -> frozenset[str]:
@@ -616,6 +627,7 @@ class RequestCycle:
             return message
         headers = response_headers(response.headers, target, self.head.request_id, len(body))
         self.finished = True
+        self.answer = body
         await self.send({"type": "http.response.start", "status": response.status,
                          "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})

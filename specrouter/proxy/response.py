@@ -25,7 +25,9 @@ _NOT_RELAYED = HOP_BY_HOP | {b"date", b"server", b"content-length", REQUEST_ID}
 # The router's own headers (`target_headers`) are set by the router alone: a backend's
 # would reach the client and the router's metrics as if the router had said them.
 _OURS = b"x-specrouter-"
-STREAM_TAIL = 32  # bytes of a stream kept to check that it ended with `data: [DONE]`
+# bytes of a stream kept to check that it ended with `data: [DONE]` and to read the
+# engine's report of cached tokens in its last usage event (`reported_cache`)
+STREAM_TAIL = 1024
 #: The scope extension under which a server offers a `ChunkWriter` to the client's
 #: connection: it writes one chunk of the chunked response the app already started, or
 #: refuses (returns False) whenever the app's `send` would have to wait or would drop it.
@@ -160,6 +162,36 @@ class StreamRelay:
     def at_boundary(self) -> bool:
         """Whether the bytes sent end between two events."""
         return self.tail.endswith(b"\n\n")
+
+
+_CACHED_KEY = b'"cached_tokens":'
+_PROMPT_KEY = b'"prompt_tokens":'
+
+
+def _int_after(data: bytes, key: bytes) -> int | None:
+    at = data.rfind(key)
+    if at < 0:
+        return None
+    start = at + len(key)
+    while start < len(data) and data[start] in b" \t":
+        start += 1
+    end = start
+    while end < len(data) and 48 <= data[end] <= 57:
+        end += 1
+    return int(data[start:end]) if end > start else None
+
+
+def reported_cache(data: bytes) -> tuple[int, int] | None:
+    """(prompt tokens, cached tokens) from the last usage SGLang wrote in `data` (a
+    stream's tail or a whole answer): `usage.prompt_tokens` with
+    `prompt_tokens_details.cached_tokens` (`--enable-cache-report`), or /generate's
+    `meta_info`. A key inside generated text is escaped (`\\"`), so it never matches.
+    None when either is missing."""
+    cached = _int_after(data, _CACHED_KEY)
+    if cached is None:
+        return None
+    prompt = _int_after(data, _PROMPT_KEY)
+    return None if prompt is None else (prompt, cached)
 
 
 def ended_with_done(tail: bytes) -> bool:

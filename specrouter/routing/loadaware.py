@@ -169,6 +169,11 @@ class LoadAwareRouter:
         if not ok and self._metrics is not None:
             self._metrics.observe_upstream_error(backend)
 
+    def observe_cached(self, target: Target, prompt_tokens: int, cached_tokens: int) -> None:
+        if self._affinity is not None:
+            self._affinity.observe_cached(target.backend.name, target.session,
+                                          target.predicted_cached, prompt_tokens, cached_tokens)
+
     def healthy(self, backend: str) -> bool:
         return self.monitor.health.healthy(backend)
 
@@ -303,8 +308,11 @@ class LoadAwareRouter:
                    else max(0.0, request.prefix.prompt_tokens - held.get(backend.name, 0.0)))
         accept = decision.state.accept.ewma if decision.pool == "eagle" else None
         session = request.session if lookup is not None else None
+        predicted = 0.0
+        if lookup is not None and lookup.predicted and lookup.prompt_tokens > 0:
+            predicted = min(1.0, lookup.predicted.get(backend.name, 0.0) / lookup.prompt_tokens)
         return Target(group.name, decision.pool, backend, decision.reason, probe, recall,
-                      prefill, accept, session)
+                      prefill, accept, session, predicted)
 
     def _route_pool(
         self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal
@@ -384,4 +392,6 @@ class LoadAwareRouter:
             group_learned={g.name: group_learned(self._cost_models.get(g.name), g.sustained,
                                                  self._states[g.name].accept.ewma)
                            for g in self.monitor.groups(now)},
+            cache_retention=({} if self._affinity is None
+                             else self._affinity.retention.shares()),
         )

@@ -104,3 +104,6 @@ class LiveMetrics:
     group_pools: Mapping[str, str] = field(default_factory=dict)
     policy_version: int = 0
     group_learned: Mapping[str, GroupLearned] = field(default_factory=dict)
+    # per backend the share of the affinity index's prediction its cache holds, from the
+    # engine's reports of cached tokens (routing/affinity/retention.py)
+    cache_retention: Mapping[str, float] = field(default_factory=dict)

@@ -109,6 +109,10 @@ class Target:
     # the client's session key (`x-session-id`) where the affinity tracker follows it:
     # the session stays live while the request is in flight (routing/affinity/index.py)
     session: str | None = None
+    # the share of the prompt the affinity index predicts `backend` holds (before the
+    # observed retention scales it), which the engine's report of cached tokens is
+    # compared with
+    predicted_cached: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,10 @@ class Router(Protocol):
 
     def record_outcome(self, backend: str, ok: bool, error: str | None = None) -> None:
         """Passive health: ok=False for connection errors and 5xx statuses."""
+
+    def observe_cached(self, target: Target, prompt_tokens: int, cached_tokens: int) -> None:
+        """The engine's report for a request answered by `target.backend`: of its
+        `prompt_tokens`, `cached_tokens` were in its prefix cache."""
 
     def healthy(self, backend: str) -> bool: ...
 

@@ -365,3 +365,45 @@ def test_with_rid_keeps_the_body_and_adds_the_rid(body: bytes) -> None:
 ])
 def test_event_status(first: bytes, status: int | None) -> None:
     assert event_status(first) == status
+
+
+USAGE = (b'data: {"id":"x","object":"chat.completion.chunk","choices":[],"usage":'
+         b'{"prompt_tokens":30000,"total_tokens":30256,"completion_tokens":256,'
+         b'"prompt_tokens_details":{"cached_tokens":27500},"reasoning_tokens":0}}\n\n')
+# generated text naming the keys is escaped, so only the usage counts
+TEXT = (b'data: {"choices":[{"delta":{"content":"\\"cached_tokens\\": 9, '
+        b'\\"prompt_tokens\\": 9"}}]}\n\n')
+
+
+def test_a_streams_usage_tells_the_router_what_the_engine_had_cached() -> None:
+    async def scenario() -> None:
+        router = ListRouter()
+        e0 = Backend_([TEXT, TEXT, USAGE, DONE])
+        await Exchange(make_app(router, e0, Backend_()), "/v1/chat/completions",
+                       STREAM_CHAT).run()
+        assert router.cached == [("e0", 30000, 27500)]
+        without = ListRouter()  # no usage event (include_usage off): nothing reported
+        await Exchange(make_app(without, Backend_([TEXT, DONE]), Backend_()),
+                       "/v1/chat/completions", STREAM_CHAT).run()
+        assert without.cached == []
+
+    run(scenario())
+
+
+def test_a_non_stream_answer_tells_the_router_what_the_engine_had_cached() -> None:
+    async def scenario() -> None:
+        body = (b'{"text":"\\"cached_tokens\\": 1","meta_info":{"prompt_tokens":4000,'
+                b'"completion_tokens":8,"cached_tokens":3968,"e2e_latency":0.1}}')
+
+        class Whole(Backend_):
+            async def open(self, *args: Any, **kwargs: Any) -> UpstreamResponse:
+                return Scripted(200, JSON, [body])
+
+        router = ListRouter()
+        exchange = Exchange(make_app(router, Whole(), Backend_()), "/generate",
+                            {"text": "hi", "sampling_params": {"max_new_tokens": 8}})
+        await exchange.run()
+        assert exchange.content == body
+        assert router.cached == [("e0", 4000, 3968)]
+
+    run(scenario())

@@ -4,8 +4,10 @@ header names."""
 
 from __future__ import annotations
 
+import pytest
+
 from specrouter.backends import Backend
-from specrouter.proxy.response import response_headers
+from specrouter.proxy.response import reported_cache, response_headers
 from specrouter.routing.router import Target
 
 TARGET = Target("g", "baseline", Backend("b0", "http://b0", "baseline", "g"), "load")
@@ -27,3 +29,16 @@ def test_headers_the_connection_header_names_are_hop_by_hop() -> None:
     names = [k for k, _ in response_headers(upstream, TARGET, b"rid")]
     assert b"x-kept" in names
     assert not {b"connection", b"x-secret", b"x-trace", b"keep-alive"} & set(names)
+
+
+@pytest.mark.parametrize(("data", "seen"), [
+    (b'"usage": {"prompt_tokens": 120, "prompt_tokens_details": {"cached_tokens": 96}}',
+     (120, 96)),
+    (b'"meta_info":{"prompt_tokens":7,"cached_tokens":0}}\n\ndata: [DONE]\n\n', (7, 0)),
+    (b'"usage":{"prompt_tokens":120,"prompt_tokens_details":null}', None),
+    (b'"content":"\\"cached_tokens\\": 5 \\"prompt_tokens\\": 6"', None),
+    (b'"cached_tokens":12', None),
+    (b"", None),
+])
+def test_reported_cache(data: bytes, seen: tuple[int, int] | None) -> None:
+    assert reported_cache(data) == seen

@@ -21,6 +21,7 @@ from specrouter.observe.loadview import GroupView
 from specrouter.routing.affinity.index import PrefixIndex, SessionTable
 from specrouter.routing.affinity.keys import PrefixKeys, home_group
 from specrouter.routing.affinity.pricing import AffinityPrices, GroupAffinity
+from specrouter.routing.affinity.retention import Retention
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,9 @@ class Lookup:
     # its cache in tokens (what `pricing.hold_pool` weighs a new prefix against)
     footprint: Mapping[str, float] | None = None
     cache_tokens: Mapping[str, float] | None = None
+    # per backend the tokens the index predicts it holds, before the retention scales
+    # them into `held` (what the engine's report is compared with)
+    predicted: Mapping[str, float] | None = None
 
     @property
     def any(self) -> bool:
@@ -47,10 +51,13 @@ class AffinityTracker:
     def __init__(self, backends: Iterable[str], capacity_tokens: Mapping[str, int],
                  block_tokens: float, max_sessions: int,
                  configured: Iterable[str] = (), live_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 retention: Retention | None = None) -> None:
         self._block_tokens = block_tokens
         self._indexes = {
             b: PrefixIndex(max(1, int(capacity_tokens[b] / block_tokens))) for b in backends}
+        self.retention = (retention if retention is not None
+                          else Retention(self._indexes, max_sessions))
         # backends whose bound the operator set: telemetry does not change it
         self._configured = frozenset(configured)
         self._reported: dict[str, int] = {}
@@ -74,27 +81,33 @@ class AffinityTracker:
         """What each backend holds of this request; None without a prefix or session."""
         if prefix is None and session is None:
             return None
-        held: dict[str, float] = {}
+        predicted: dict[str, float] = {}
         if prefix is not None and prefix.keys:
             for name, index in self._indexes.items():
                 n = index.match(prefix.keys)
                 if n:
-                    held[name] = prefix.tokens(n)
+                    predicted[name] = prefix.tokens(n)
         prompt = prefix.prompt_tokens if prefix is not None else 0.0
         last = None
+        lost_credit = False
         if session is not None:
             seen = self._sessions.get(session)
             if seen is not None and seen[0] in self._indexes:
                 backend, tokens = seen
                 credit = min(tokens, prompt) if prefix is not None else tokens
-                held[backend] = max(held.get(backend, 0.0), credit)
+                predicted[backend] = max(predicted.get(backend, 0.0), credit)
                 prompt = max(prompt, credit)
                 last = backend
+                lost_credit = self.retention.lost(session, backend)
+        share = self.retention.share
+        held = {b: v * share(b) for b, v in predicted.items()}
+        if lost_credit and last is not None:
+            held[last] = 0.0  # its last turn there came back uncached: the engine evicted it
         if session is None:
-            return Lookup(held, prompt)
+            return Lookup(held, prompt, predicted=predicted)
         footprint = self._sessions.footprint(self._clock(), session)
         caches = {b: i.capacity * self._block_tokens for b, i in self._indexes.items()}
-        return Lookup(held, prompt, last, footprint, caches)
+        return Lookup(held, prompt, last, footprint, caches, predicted)
 
     def record(self, prefix: PrefixKeys | None, session: str | None, backend: str,
                lookup: Lookup | None, count: bool = True) -> bool:
@@ -121,6 +134,15 @@ class AffinityTracker:
         self.prompt_tokens += prompt
         return hit
 
+    def observe_cached(self, backend: str, session: str | None, predicted_share: float,
+                       prompt: int, cached: int) -> None:
+        """What `backend` reported it had cached of a request the router sent it
+        (`prompt` tokens, `cached` of them) against the share of it the index predicted:
+        `Retention.observe`."""
+        if backend in self._indexes:
+            self.retention.observe(backend, session, predicted_share, prompt, cached,
+                                   self._block_tokens)
+
     def begin(self, session: str | None) -> None:
         """A request of `session` went upstream (`SessionTable.begin`)."""
         if session is not None:
@@ -143,6 +165,7 @@ class AffinityTracker:
             "held_token_share": (round(self.held_tokens / self.prompt_tokens, 4)
                                  if self.prompt_tokens else None),
             "sessions": len(self._sessions),
+            "retention": self.retention.stats(),
             "index_blocks": {b: {"blocks": len(i), "capacity": i.capacity}
                              for b, i in self._indexes.items()},
         }
@@ -183,4 +206,6 @@ def tracker_of(settings: AffinitySettings, backends: Sequence[str],
     caps = {b: settings.cache_tokens_by_backend.get(b, settings.cache_tokens) for b in backends}
     return AffinityTracker(backends, caps, settings.block_bytes / settings.bytes_per_token,
                            settings.max_sessions, settings.cache_tokens_by_backend,
-                           settings.session_live_s, clock)
+                           settings.session_live_s, clock,
+                           Retention(backends, settings.max_sessions,
+                                     settings.retention_weight, settings.min_match))
