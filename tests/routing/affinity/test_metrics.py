@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specrouter.control.metrics import RouterMetrics
+from specrouter.routing.report import LiveMetrics
 
 
 def test_affinity_hits_and_misses_are_counted_in_metrics() -> None:
@@ -13,3 +14,11 @@ def test_affinity_hits_and_misses_are_counted_in_metrics() -> None:
     text = metrics.render().decode()
     assert 'specrouter_affinity_total{result="hit"} 2.0' in text
     assert 'specrouter_affinity_total{result="miss"} 1.0' in text
+
+
+def test_each_backends_cache_retention_is_a_gauge() -> None:
+    metrics = RouterMetrics()
+    metrics.attach(lambda: LiveMetrics(cache_retention={"e0": 0.25, "b0": 1.0}))
+    text = metrics.render().decode()
+    assert 'specrouter_affinity_retention{backend="e0"} 0.25' in text
+    assert 'specrouter_affinity_retention{backend="b0"} 1.0' in text

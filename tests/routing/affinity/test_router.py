@@ -195,3 +195,25 @@ def test_a_session_counts_against_its_servers_cache_until_its_answer_ends() -> N
     assert tracker.lookup(None, "s1").footprint[t.backend.name] > 0  # type: ignore[union-attr]
     clock[0] = 66.0
     assert tracker.lookup(None, "s1").footprint[t.backend.name] == 0  # type: ignore[union-attr]
+
+
+def test_a_turn_the_engine_reports_uncached_ends_the_sessions_hold() -> None:
+    router, _ = make(SETTINGS, switch_up=2, switch_down=0.5)
+    load = [router.choose(RequestInfo("/v1/chat/completions")) for _ in range(4)]
+    for t in load:
+        router.acquire(t)
+    t = router.choose(turn(0, 40, "s0"))
+    assert (t.pool, t.reason, t.predicted_cached) == ("baseline", "above_switch_up", 0.0)
+    router.acquire(t)
+    for x in load:
+        router.release(x)
+    router.release(t)
+    held = router.choose(turn(0, 41, "s0"))
+    assert (held.backend.name, held.reason) == (t.backend.name, "affinity_hold_baseline")
+    assert held.predicted_cached > 0.9
+    # the baseline answered that turn with nothing of it cached: it evicted the session
+    router.observe_cached(held, 40_000, 0)
+    moved = router.choose(turn(0, 42, "s0"))
+    assert (moved.pool, moved.reason) == ("eagle", "below_switch_down")
+    retention = router.live_view()["affinity"]["retention"]
+    assert retention[t.backend.name] == {"share": 0.8, "samples": 1}
