@@ -350,6 +350,10 @@ class AffinitySettings(_Section):
     # weight of one engine report of cached tokens in a backend's retention
     # (routing/affinity/retention.py)
     retention_weight: float = Field(default=0.2, gt=0, le=1)
+    # a session whose turn on a backend came back with less than this share of the
+    # index's prediction cached has no credit there until a turn comes back cached
+    # (0: never)
+    retention_lost_below: float = Field(default=0.5, ge=0, le=1)
 
     @field_validator("cache_tokens_by_backend")
     @classmethod
