@@ -354,6 +354,9 @@ class AffinitySettings(_Section):
     # index's prediction cached has no credit there until a turn comes back cached
     # (0: never)
     retention_lost_below: float = Field(default=0.5, ge=0, le=1)
+    # whether the retention scales the index's prediction (and the lost credit counts),
+    # or is measured and shown only (docs/policy.md section 9: applied, it lost goodput)
+    retention_applied: bool = False
 
     @field_validator("cache_tokens_by_backend")
     @classmethod

@@ -12,7 +12,9 @@ weighted mean, over the requests for which the index predicted at least one bloc
 bytes-per-token estimate cancels. The index's prediction for a backend is scaled by it.
 A session whose turn came back with less than `lost_below` of its prediction cached has
 no credit on that backend until one of its turns there comes back cached: the engine
-evicted it, and its next turn there re-prefills its whole context.
+evicted it. With `applied` off (the default, `affinity.retention_applied`) the retention
+is measured and shown only, and the index's prediction counts whole: applied, it lost
+goodput on the agentic bench (docs/policy.md section 9).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class Retention:
     credit, at most `max_sessions`, the oldest forgotten first."""
 
     def __init__(self, backends: Iterable[str], max_sessions: int, weight: float = 0.2,
-                 lost_below: float = 0.5) -> None:
+                 lost_below: float = 0.5, applied: bool = True) -> None:
+        self.applied = applied
         self._share = {b: 1.0 for b in backends}
         self._samples = dict.fromkeys(self._share, 0)
         self._weight = weight
@@ -36,12 +39,13 @@ class Retention:
         self._lost: OrderedDict[str, str] = OrderedDict()
 
     def share(self, backend: str) -> float:
-        """The share of the index's prediction for `backend` its cache holds."""
-        return self._share.get(backend, 1.0)
+        """The share of the index's prediction for `backend` to count: what its cache
+        held, or 1 where the retention is measured only (`applied` off)."""
+        return self._share.get(backend, 1.0) if self.applied else 1.0
 
     def lost(self, session: str, backend: str) -> bool:
-        """Whether `session`'s last turn on `backend` came back uncached."""
-        return self._lost.get(session) == backend
+        """Whether `session`'s last turn on `backend` came back uncached (and counts)."""
+        return self.applied and self._lost.get(session) == backend
 
     def observe(self, backend: str, session: str | None, predicted_share: float,
                 prompt: int, cached: int, block_tokens: float) -> None:
@@ -67,8 +71,8 @@ class Retention:
 
     def stats(self) -> dict[str, Any]:
         """For GET /policy: per backend the retention and the reports it rests on."""
-        return {b: {"share": round(s, 4), "samples": self._samples[b]}
-                for b, s in self._share.items()}
+        return {b: {"share": round(s, 4), "samples": self._samples[b],
+                    "applied": self.applied} for b, s in self._share.items()}
 
     def shares(self) -> dict[str, float]:
         return dict(self._share)

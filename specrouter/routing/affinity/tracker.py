@@ -208,4 +208,5 @@ def tracker_of(settings: AffinitySettings, backends: Sequence[str],
                            settings.max_sessions, settings.cache_tokens_by_backend,
                            settings.session_live_s, clock,
                            Retention(backends, settings.max_sessions,
-                                     settings.retention_weight, settings.retention_lost_below))
+                                     settings.retention_weight, settings.retention_lost_below,
+                                     settings.retention_applied))

@@ -26,8 +26,8 @@ def test_retention_is_the_reported_share_over_the_predicted_one() -> None:
     # more cached than predicted counts as all of it held
     r.observe("b", None, 0.2, 10_000, 9_000, block_tokens=512)
     assert r.share("b") == 1.0
-    assert r.stats() == {"e": {"share": 0.4375, "samples": 2},
-                         "b": {"share": 1.0, "samples": 1}}
+    assert r.stats() == {"e": {"share": 0.4375, "samples": 2, "applied": True},
+                         "b": {"share": 1.0, "samples": 1, "applied": True}}
 
 
 def test_a_prediction_under_one_block_is_not_counted() -> None:
@@ -35,7 +35,7 @@ def test_a_prediction_under_one_block_is_not_counted() -> None:
     r.observe("e", "s", 0.04, 10_000, 0, block_tokens=512)  # 400 tokens predicted
     r.observe("e", "s", 0.0, 10_000, 0, block_tokens=512)
     r.observe("x", "s", 0.9, 10_000, 0, block_tokens=512)  # not a backend it knows
-    assert r.stats() == {"e": {"share": 1.0, "samples": 0}}
+    assert r.stats() == {"e": {"share": 1.0, "samples": 0, "applied": True}}
     assert not r.lost("s", "e")
 
 
@@ -51,7 +51,8 @@ def test_a_session_loses_its_credit_when_its_turn_comes_back_uncached() -> None:
 
 
 def test_the_tracker_scales_its_prediction_and_drops_a_lost_session() -> None:
-    t = tracker_of(AffinitySettings(block_bytes=2048, retention_weight=1.0), ["e", "b"])
+    t = tracker_of(AffinitySettings(block_bytes=2048, retention_weight=1.0,
+                                    retention_applied=True), ["e", "b"])
     first = keys(1, 2, 3, 4)
     t.record(first, "s", "e", t.lookup(first, "s"))
     t.record(keys(1, 2), None, "b", t.lookup(keys(1, 2), None))
@@ -67,5 +68,15 @@ def test_the_tracker_scales_its_prediction_and_drops_a_lost_session() -> None:
     look = t.lookup(keys(1, 2, 3, 4, 5), "s")
     assert look is not None and look.held["e"] == 0.0 and look.held["b"] == 1024.0
     assert look.session_backend == "e"
-    assert t.stats()["retention"] == {"e": {"share": 0.0, "samples": 2},
-                                      "b": {"share": 1.0, "samples": 0}}
+    assert t.stats()["retention"] == {"e": {"share": 0.0, "samples": 2, "applied": True},
+                                      "b": {"share": 1.0, "samples": 0, "applied": True}}
+
+
+def test_measured_only_the_retention_leaves_the_prediction_whole() -> None:
+    t = tracker_of(AffinitySettings(block_bytes=2048, retention_weight=1.0), ["e", "b"])
+    first = keys(1, 2, 3, 4)
+    t.record(first, "s", "e", t.lookup(first, "s"))
+    t.observe_cached("e", "s", 0.8, 2_560, 0)
+    look = t.lookup(keys(1, 2, 3, 4, 5), "s")
+    assert look is not None and dict(look.held) == {"e": 2048.0}
+    assert t.stats()["retention"]["e"] == {"share": 0.0, "samples": 1, "applied": False}

@@ -24,6 +24,7 @@ TWO_GROUPS = [Backend("g0-e", "http://h:1", "eagle", "g0"),
               Backend("g1-e", "http://h:3", "eagle", "g1"),
               Backend("g1-b", "http://h:4", "baseline", "g1")]
 SETTINGS = AffinitySettings(block_bytes=1024)
+APPLIED = AffinitySettings(block_bytes=1024, retention_applied=True)
 
 
 class Hits:
@@ -198,7 +199,7 @@ def test_a_session_counts_against_its_servers_cache_until_its_answer_ends() -> N
 
 
 def test_a_turn_the_engine_reports_uncached_ends_the_sessions_hold() -> None:
-    router, _ = make(SETTINGS, switch_up=2, switch_down=0.5)
+    router, _ = make(APPLIED, switch_up=2, switch_down=0.5)
     load = [router.choose(RequestInfo("/v1/chat/completions")) for _ in range(4)]
     for t in load:
         router.acquire(t)
@@ -216,4 +217,4 @@ def test_a_turn_the_engine_reports_uncached_ends_the_sessions_hold() -> None:
     moved = router.choose(turn(0, 42, "s0"))
     assert (moved.pool, moved.reason) == ("eagle", "below_switch_down")
     retention = router.live_view()["affinity"]["retention"]
-    assert retention[t.backend.name] == {"share": 0.8, "samples": 1}
+    assert retention[t.backend.name] == {"share": 0.8, "samples": 1, "applied": True}
