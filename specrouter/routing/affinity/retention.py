@@ -29,7 +29,7 @@ class Retention:
     credit, at most `max_sessions`, the oldest forgotten first."""
 
     def __init__(self, backends: Iterable[str], max_sessions: int, weight: float = 0.2,
-                 lost_below: float = 0.5, applied: bool = True) -> None:
+                 lost_below: float = 0.5, applied: bool = False) -> None:
         self.applied = applied
         self._share = {b: 1.0 for b in backends}
         self._samples = dict.fromkeys(self._share, 0)

@@ -16,7 +16,7 @@ def keys(*k: int, prompt: float | None = None) -> PrefixKeys:
 
 
 def test_retention_is_the_reported_share_over_the_predicted_one() -> None:
-    r = Retention(["e", "b"], max_sessions=10, weight=0.5)
+    r = Retention(["e", "b"], max_sessions=10, weight=0.5, applied=True)
     assert r.share("e") == 1.0
     # predicted 80% of 10,000 tokens, 20% reported: a quarter of the prediction held
     r.observe("e", None, 0.8, 10_000, 2_000, block_tokens=512)
@@ -31,7 +31,7 @@ def test_retention_is_the_reported_share_over_the_predicted_one() -> None:
 
 
 def test_a_prediction_under_one_block_is_not_counted() -> None:
-    r = Retention(["e"], max_sessions=10)
+    r = Retention(["e"], max_sessions=10, applied=True)
     r.observe("e", "s", 0.04, 10_000, 0, block_tokens=512)  # 400 tokens predicted
     r.observe("e", "s", 0.0, 10_000, 0, block_tokens=512)
     r.observe("x", "s", 0.9, 10_000, 0, block_tokens=512)  # not a backend it knows
@@ -40,7 +40,7 @@ def test_a_prediction_under_one_block_is_not_counted() -> None:
 
 
 def test_a_session_loses_its_credit_when_its_turn_comes_back_uncached() -> None:
-    r = Retention(["e", "b"], max_sessions=2, lost_below=0.5)
+    r = Retention(["e", "b"], max_sessions=2, lost_below=0.5, applied=True)
     r.observe("e", "s", 0.9, 30_000, 3_000, block_tokens=512)
     assert r.lost("s", "e") and not r.lost("s", "b")
     r.observe("e", "s", 0.9, 31_000, 29_000, block_tokens=512)  # cached again
