@@ -287,10 +287,10 @@ class AdmissionSettings(_Section):
     younger than that); 0 turns it off.
 
     A burst spread wider than the window still leaks requests to EAGLE-3. With
-    `recall_unstarted`, when a group switches to the baseline (under a strategy that
-    moves whole groups), its EAGLE-3 streams that have not sent their first byte yet are
-    cancelled there (SGLang aborts a request whose client left) and sent to the baseline
-    pool: no byte has reached the client, so the move is as invisible as a retry.
+    `recall_unstarted`, when a group switches pools (under a strategy that moves whole
+    groups), its streams on the pool it left that have not sent their first byte yet are
+    cancelled there (SGLang aborts a request whose client left) and sent where a new
+    request goes: no byte has reached the client, so the move is as invisible as a retry.
     Streams only: a non-streamed answer arrives whole at the end, so the router cannot
     tell a queued request from one that has decoded for a minute.
     """
@@ -300,8 +300,8 @@ class AdmissionSettings(_Section):
     # how long the largest burst seen is remembered (routing/arrivals.py)
     arrival_memory_s: float = Field(default=60.0, gt=0, le=86400)
     recall_unstarted: bool = True
-    # After the first byte: a switch to the baseline hands started EAGLE-3 streams over
-    # to the baseline as continuations (proxy/handover.py) while their contexts (prompt
+    # After the first byte: a switch hands the started streams of the pool it left over
+    # to the other pool as continuations (proxy/handover.py) while their contexts (prompt
     # and output so far, estimated tokens) total at most `handover_max_tokens` per
     # switch: that is what the new server prefills again, on a GPU its sibling shares,
     # ahead of the requests arriving then. 0 turns handovers off.

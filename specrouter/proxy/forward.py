@@ -522,10 +522,9 @@ class RequestCycle:
         return error, stream_error_trailer(attempt.target, relay.tail, error, code)
 
     def _may_hand_over(self, target: Target) -> bool:
-        """Whether this stream may be handed over after its first byte: an EAGLE-3
-        stream the router may recall, of a route a continuation exists for."""
-        return (target.recall is not None and target.pool == "eagle"
-                and self.proxy.handover_max_tokens > 0
+        """Whether this stream may be handed over after its first byte: a stream the
+        router may recall, of a route a continuation exists for."""
+        return (target.recall is not None and self.proxy.handover_max_tokens > 0
                 and self.info.path in (CHAT_PATH, COMPLETIONS_PATH))
 
     async def _hand_over_at(self, relay: StreamRelay, chunk: bytes, target: Target) -> bytes:

@@ -1,16 +1,16 @@
 """Handover: a stream that already answered continues on another backend.
 
-A recall (`proxy/recall.py`) moves an EAGLE-3 stream only before its first byte. Past
-it, when the stream's group switches to the baseline, the stream is handed over: the
-proxy stops relaying at an event boundary, leaves the attempt (it is aborted on
-EAGLE-3 by its rid), and sends a continuation of the request to the backend the router
-chooses next: the chat messages plus the assistant message streamed so far, with
-SGLang's `continue_final_message` (0.5.23 `serving_chat.py` `_handle_last_assistant_message`:
-the assistant text continues the prompt after the generation prompt), or for
-`/v1/completions` the prompt plus the text so far; the output budget less the tokens
-already sent. The continuation's events reach the client restamped with the first
-stream's id, created time and model, its role chunk dropped, so the client reads one
-stream with one id.
+A recall (`proxy/recall.py`) moves a stream only before its first byte. Past it, when
+the stream's group switches pools (to the baseline under load, back to EAGLE-3 when
+the load is gone), the stream is handed over: the proxy stops relaying at an event
+boundary, leaves the attempt (it is aborted by its rid), and sends a continuation of
+the request to the backend the router chooses next: the chat messages plus the
+assistant message streamed so far, with SGLang's `continue_final_message` (0.5.23
+`serving_chat.py` `_handle_last_assistant_message`: the assistant text continues the
+prompt after the generation prompt), or for `/v1/completions` the prompt plus the text
+so far; the output budget less the tokens already sent. The continuation's events reach
+the client restamped with the first stream's id, created time and model, its role chunk
+dropped, so the client reads one stream with one id.
 
 What the first stream sent is read only at the handover (the relay records the bytes
 of a stream that may be handed over), so a stream that is never handed over pays a
@@ -23,8 +23,12 @@ could straddle the cut), no logprobs, no client rid. A stream that already sent 
 finish reason, an error, a tool call or reasoning text stays where it is.
 
 Tokens sent so far are estimated as content events x the engine's accept length (an
-EAGLE-3 event carries one verify step's accepted tokens); the continuation's
-`max_tokens` and the usage the client gets rest on that estimate.
+EAGLE-3 event carries one verify step's accepted tokens, a baseline event one token);
+the continuation's `max_tokens` and the usage the client gets rest on that estimate. A
+stream that has spent half its output budget or more stays where it is: it may end
+soon, so moving it would spend a prefill on little, and the switch's handover budget
+(shared by the group's streams, first come first served) is left to the streams with
+more of their answer ahead.
 """
 
 from __future__ import annotations
@@ -167,8 +171,8 @@ def tokens_sent(sent: Sent, accept_length: float | None) -> int:
 
 def continuation(path: str, body: dict[str, Any], sent: Sent,
                  accept_length: float | None) -> Continuation | None:
-    """The request that carries the answer on from `sent`; None when its output budget
-    is spent (the first stream was about to end anyway)."""
+    """The request that carries the answer on from `sent`; None when half its output
+    budget or more is spent (the first stream is about to end anyway)."""
     chat = path == CHAT_PATH
     spent = tokens_sent(sent, accept_length)
     out = dict(body)
@@ -177,7 +181,7 @@ def continuation(path: str, body: dict[str, Any], sent: Sent,
     limit = (body[budget_key] if budget_key is not None
              else None if chat else _COMPLETION_DEFAULT_MAX)
     if isinstance(limit, int):
-        if limit - spent < 1:
+        if 2 * spent >= limit:
             return None
         out[budget_key or "max_tokens"] = limit - spent
     if chat:

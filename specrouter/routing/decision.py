@@ -61,10 +61,10 @@ class GroupState:
 class Decision:
     """The pool for one request, why, and the group's state to keep for the next one.
 
-    `recalls`: a later switch of the group to the baseline recalls this request from
-    EAGLE-3 while it has not started (the strategy chose the pool and switches whole
-    groups). `probe_tokens`: also send a shadow probe of this size to the group's
-    EAGLE-3 server.
+    `recalls`: a later switch of the group's pool moves this request off its pool
+    (recalled before its first byte, handed over after it): the strategy chose the pool
+    and switches whole groups. `probe_tokens`: also send a shadow probe of this size to
+    the group's EAGLE-3 server.
     """
 
     pool: Pool

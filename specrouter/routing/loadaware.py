@@ -4,8 +4,8 @@ It implements the proxy's `Router` protocol by joining the pure decisions
 (`choose_group`, then `pool_choice.decide` with each group's state) to what the
 `BackendMonitor` observes, with the policy read once per request. `choose()` does no I/O
 and costs O(backends). Only new requests are decided; a request in flight stays on its
-backend unless it is recalled before its first byte (`recall`) or, when its group
-switches to the baseline, handed over after it (`proxy/handover.py`).
+backend unless its group switches pools: then it is recalled before its first byte
+(`recall`) or handed over after it (`proxy/handover.py`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from specrouter.routing.decision import (
 from specrouter.routing.group_choice import choose_group
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy, PolicySource
-from specrouter.routing.pool_choice import decide, fold_accept
+from specrouter.routing.pool_choice import decide, fold_accept, follow_group
 from specrouter.routing.recall import RecallRegistry
 from specrouter.routing.report import BackendLive, LiveMetrics, group_learned, group_report
 from specrouter.routing.router import (
@@ -277,18 +277,20 @@ class LoadAwareRouter:
         decision = decide(policy, group, self._states[group.name], self._hints(policy, request),
                           now, self._cost_models.get(group.name))
         held = lookup.held if lookup is not None else {}
-        if lookup is not None and decision.reason in STRATEGIES[policy.strategy].reasons:
+        if request.handed_over:
+            decision = follow_group(decision, self._states[group.name])
+        elif lookup is not None and decision.reason in STRATEGIES[policy.strategy].reasons:
             before = self._states[group.name]
             decision = keep_group_pool(decision, before.pool, before.since, group, lookup,
                                        self._prices)
             decision = hold_pool(decision, group, lookup, self._prices)
         recalls = self._recall_unstarted and decision.recalls
-        if (recalls and self._states[group.name].pool == "eagle"
-                and decision.state.pool == "baseline"):
-            self._recalls.recall_group(group.name, self._handover_tokens)
+        was = self._states[group.name].pool
+        if recalls and was != decision.state.pool:
+            self._recalls.recall_group(group.name, was, self._handover_tokens)
         self._states[group.name] = decision.state
-        recall = (RecallEvent() if recalls and decision.pool == "eagle" and request.stream
-                  and not request.recalled else None)
+        recall = (RecallEvent() if recalls and request.stream and not request.recalled
+                  and group.pool_healthy(other_pool(decision.pool)) else None)
         backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal,
                                      held)
         if self._affinity is not None and lookup is not None:

@@ -20,7 +20,8 @@ from specrouter.routing.policy import Policy
 from specrouter.routing.strategies.base import Situation
 from specrouter.routing.strategies.registry import STRATEGIES
 
-_SHARED_REASONS = ("client_override", "forced_mode", "eagle_unhealthy", "baseline_unhealthy")
+_SHARED_REASONS = ("client_override", "forced_mode", "eagle_unhealthy", "baseline_unhealthy",
+                   "handover_follows_group")
 #: Every reason a pool decision can give (`decide`, then the affinity override), checked by
 #: the property tests and listed in docs/policy.md.
 REASONS: tuple[str, ...] = (
@@ -66,3 +67,14 @@ def decide(
     decision = strategy.decide(policy, Situation(group, state, load, now, cost_model,
                                                  group.sustained))
     return replace(decision, recalls=True) if strategy.recalls else decision
+
+
+def follow_group(decision: Decision, state: GroupState) -> Decision:
+    """The decision for a handed-over stream's continuation: the pool its group is on
+    (`state`), never a switch. The continuation replaces a stream the group's switch
+    moved; decided as a new arrival, it would count that stream twice (its first
+    attempt stays counted until the engine acknowledges the abort) and could switch the
+    group straight back, recalling the requests that had just switched it."""
+    if decision.state.pool == state.pool:
+        return decision
+    return replace(decision, pool=state.pool, reason="handover_follows_group", state=state)

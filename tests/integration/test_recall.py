@@ -156,3 +156,47 @@ def test_with_handovers_off_streams_already_answering_stay_on_eagle(
     assert _recalls(group) == 0 and _handovers(group) == 0
     group.router.wait_idle()
     assert group.state("eagle")["finished"] == 2
+
+
+def test_a_switch_back_to_eagle_hands_a_baseline_stream_over_there(
+    routed_group: Callable[..., RoutedGroup],
+) -> None:
+    # EAGLE-3 at loads 0-1, the baseline from 2 on. Two streams pinned to EAGLE-3 (never
+    # recalled) make the load 2, so a long stream moves the group to the baseline; once
+    # the pinned two are gone, a request at load 1 moves the group back and the long
+    # stream follows it to EAGLE-3.
+    back = {**POLICY, "switch_down": 1, "allow_client_override": True}
+    env = {**ENV, "SPECROUTER_POLICY": json.dumps(back)}
+    group = routed_group(time_scale=0.1, router_env=env)
+
+    async def scenario() -> list[Any]:
+        async with openai.AsyncOpenAI(base_url=group.router.v1, api_key="none",
+                                      max_retries=0, timeout=60.0) as client:
+            pinned = client.with_options(default_headers={"x-specrouter-pool": "eagle"})
+            load = [asyncio.create_task(_chunks(pinned, 3000, asyncio.Event()))
+                    for _ in range(2)]
+            await asyncio.to_thread(wait_until, lambda: group.router.inflight() == {
+                "gpu0-eagle": 2, "gpu0-baseline": 0}, 10.0, "two pinned streams")
+            answering = asyncio.Event()
+            long = asyncio.create_task(_chunks(client, 3000, answering))
+            await asyncio.wait_for(answering.wait(), 10.0)
+            for task in load:
+                task.cancel()
+            await asyncio.gather(*load, return_exceptions=True)
+            await asyncio.to_thread(wait_until, lambda: group.router.inflight() == {
+                "gpu0-eagle": 0, "gpu0-baseline": 1}, 10.0, "the long stream alone")
+            handed_before = _handovers(group)
+            pool, _ = await _story(client, 8)
+            assert pool == "eagle"
+            chunks = await long
+            assert _handovers(group) == handed_before + 1
+            return chunks
+
+    chunks = asyncio.run(scenario())
+    assert len({c.id for c in chunks}) == 1
+    assert [c.choices[0].finish_reason for c in chunks
+            if c.choices and c.choices[0].finish_reason] == ["length"]
+    usage = chunks[-1].usage
+    assert usage is not None and 2500 <= usage.completion_tokens <= 3500
+    group.router.wait_idle()
+    assert group.state("baseline")["aborted"] == 1  # the long stream's first attempt

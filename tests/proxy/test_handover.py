@@ -1,4 +1,4 @@
-"""Handover: a started EAGLE-3 stream continued on the baseline as one stream.
+"""Handover: a started stream continued on the group's other pool as one stream.
 
 The proxy's cycle in process against scripted backends (`test_forward`'s harness): the
 first backend streams event by event behind a gate, the test sets the router's recall
@@ -21,7 +21,7 @@ from specrouter.proxy.handover import (
 from specrouter.proxy.response import StreamRelay
 from specrouter.proxy.upstream import RawHeaders, UpstreamResponse
 from specrouter.routing.router import HandoverBudget
-from tests.fixtures.fake_router import ListRouter
+from tests.fixtures.fake_router import BACKENDS, ListRouter
 from tests.proxy.test_forward import (
     DONE,
     JSON,
@@ -80,14 +80,18 @@ CONTINUED = [_event(role=True, stamp="b") + _event(" there", stamp="b"),
 
 
 async def _switch_mid_stream(body: dict[str, Any], reads: int, budget: float = 1e6,
-                             baseline: Gated | None = None
+                             baseline: Gated | None = None, back: bool = False
                              ) -> tuple[Exchange, ListRouter, Gated, Gated]:
     """One request streamed from e0 (`FIRST`, one read per gate put): after `reads`
     reads reached the client the group switches (its handover budget `budget` context
-    tokens), then the rest is released. The exchange, router, e0 and b0 when it ended."""
+    tokens), then the rest is released. The exchange, router, e0 and b0 when it ended.
+    With `back` the roles swap: the stream starts on b0 and the group switches back to
+    EAGLE-3 (e0 continues it)."""
     gate: asyncio.Queue[None] = asyncio.Queue()
-    router = ListRouter(armed_recall=True)
+    router = ListRouter(armed_recall=True, backends=BACKENDS[::-1] if back else BACKENDS)
     e0, b0 = Gated(FIRST, gate), baseline or Gated(CONTINUED)
+    if back:
+        e0, b0 = b0, e0
     exchange = Exchange(make_app(router, e0, b0), CHAT, body)
     task = asyncio.create_task(exchange.run())
     for _ in range(reads):
@@ -132,6 +136,31 @@ def test_a_switch_mid_stream_continues_the_answer_on_the_baseline() -> None:
         while router.held != {"e0": 0, "b0": 0}:
             await router.released.wait()
             router.released.clear()
+
+    run(scenario())
+
+
+def test_a_switch_back_to_eagle_continues_a_baseline_stream_there() -> None:
+    async def scenario() -> None:
+        body = {**STREAM_CHAT, "max_tokens": 100}
+        exchange, _, e0, b0 = await _switch_mid_stream(body, 2, back=True)
+        text, ids, _ = _contents(exchange.content)
+        assert text == "Hello there" and ids == {"e"}
+        assert exchange.header[b"x-specrouter-backend"] == b"b0"
+        (_, sent), = e0.requests
+        assert sent["messages"][-1] == {"role": "assistant", "content": "Hello"}
+        assert sent["max_tokens"] == 98  # a baseline event is one token
+        while not b0.aborts:
+            await asyncio.sleep(0)
+
+    run(scenario())
+
+
+def test_a_stream_past_half_its_output_budget_stays_where_it_is() -> None:
+    async def scenario() -> None:
+        exchange, _, e0, b0 = await _switch_mid_stream({**STREAM_CHAT, "max_tokens": 4}, 2)
+        assert _contents(exchange.content)[0] == "Hello world"
+        assert not b0.requests and not e0.aborts
 
     run(scenario())
 
@@ -190,11 +219,12 @@ def test_what_was_sent_and_what_continues_it() -> None:
     assert read_sent(FIRST[0] + _event(finish="stop"), chat=True) is None
     tool = _event().replace(b'"delta":{}', b'"delta":{"tool_calls":[{"index":0}]}')
     assert read_sent(FIRST[0] + tool, chat=True) is None
-    body = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 10}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 11}
     handed = continuation(CHAT, body, sent, accept_length=2.5)
     assert handed is not None and handed.tokens_sent == 5
-    assert json.loads(handed.body)["max_completion_tokens"] == 5
-    assert continuation(CHAT, {**body, "max_completion_tokens": 5}, sent, 2.5) is None
+    assert json.loads(handed.body)["max_completion_tokens"] == 6
+    # half its output budget spent: about to end, it stays where it is
+    assert continuation(CHAT, {**body, "max_completion_tokens": 10}, sent, 2.5) is None
     text = read_sent(b'data: {"id":"c","created":1,"model":"m","choices":[{"index":0,'
                      b'"text":"once","finish_reason":null}]}\n\n', chat=False)
     assert text is not None

@@ -261,13 +261,48 @@ def test_switch_to_the_baseline_recalls_the_groups_unstarted_eagle_streams() -> 
     router.acquire(replace(eagles[0], recall=None))  # load back to 3
     switching = admit(router, STREAM)
     assert (switching.pool, switching.reason) == ("baseline", "above_switch_up")
-    assert switching.recall is None  # a baseline stream is never recalled
     assert _recalled(eagles) == [False, True, True]
+    # the switching stream may itself leave the baseline at the next switch back
+    assert switching.recall is not None and not switching.recall.is_set()
     # A recalled request's new target is final, even if EAGLE-3 is chosen again.
     for t in eagles[1:]:
         router.release(t)
     again = router.choose(replace(STREAM, recalled=True))
     assert again.recall is None
+
+
+def test_switch_back_to_eagle_recalls_the_groups_baseline_streams() -> None:
+    router, _ = make(ONE_GROUP, recall=True, switch_up=3, switch_down=1,
+                     load_signal="inflight")
+    eagles = [admit(router, STREAM) for _ in range(3)]
+    baselines = [admit(router, STREAM) for _ in range(2)]  # loads 3 and 4
+    assert [t.pool for t in baselines] == ["baseline"] * 2
+    for t in [*eagles, baselines[0]]:
+        router.release(t)
+    assert _recalled(baselines) == [False, False]
+    back = admit(router, STREAM)  # load 1: the group goes back to EAGLE-3
+    assert (back.pool, back.reason) == ("eagle", "below_switch_down")
+    assert _recalled(baselines) == [False, True]  # the one still in flight
+    assert _recalled([back]) == [False]
+
+
+def test_a_continuation_follows_its_group_and_never_switches_it() -> None:
+    # The handed-over stream's first attempt is still counted (until its abort is
+    # acknowledged): decided as a new arrival at load 2 it would switch the group back.
+    router, _ = make(ONE_GROUP, recall=True, switch_up=2, switch_down=1,
+                     load_signal="inflight")
+    first, second = admit(router, STREAM), admit(router, STREAM)
+    assert (first.pool, second.pool) == ("eagle", "eagle")
+    continued = router.choose(replace(STREAM, recalled=True, handed_over=True))
+    assert (continued.pool, continued.reason) == ("eagle", "handover_follows_group")
+    assert _recalled([first, second]) == [False, False]
+    assert admit(router, STREAM).reason == "above_switch_up"  # a new arrival does switch
+
+
+def test_a_group_with_one_pool_gives_no_recall_event() -> None:
+    for backends in (ONE_GROUP[:1], ONE_GROUP[1:]):
+        router, _ = make(backends, recall=True, switch_up=3, switch_down=1)
+        assert admit(router, STREAM).recall is None  # nowhere to recall it to
 
 
 def test_no_recall_for_non_streams_overrides_overflow_or_when_off() -> None:

@@ -57,8 +57,8 @@ class Strategy(Protocol):
 
     @property
     def recalls(self) -> bool:
-        """Whether a switch of a group to the baseline recalls the group's EAGLE-3
-        streams that have not started (the strategy moves whole groups)."""
+        """Whether a switch of a group's pool recalls the group's streams on the pool it
+        left (the strategy moves whole groups)."""
 
     @property
     def uses_cost_model(self) -> bool:

@@ -39,6 +39,8 @@ class Hits:
 
     def observe_recall(self, group: str) -> None: ...
 
+    def observe_handover(self, group: str) -> None: ...
+
     def observe_upstream_error(self, backend: str) -> None: ...
 
     def observe_affinity(self, hit: bool) -> None:
@@ -128,6 +130,27 @@ def test_a_session_moved_to_the_baseline_under_load_stays_there() -> None:
     # a new session in the same, now idle, group goes to EAGLE-3
     t3 = router.choose(turn(99, 0))
     assert t3.pool == "eagle"
+
+
+def test_a_handed_over_stream_follows_its_groups_switch_not_its_prefix() -> None:
+    # The switch back to EAGLE-3 already chose to move the stream and paid its re-prefill
+    # (the handover budget): the affinity hold must not send it back to its prefix.
+    router, _ = make(SETTINGS, switch_up=2, switch_down=0.5)
+    load = [router.choose(RequestInfo("/v1/chat/completions")) for _ in range(4)]
+    for t in load:
+        router.acquire(t)
+    t = router.choose(turn(0, 40))
+    router.acquire(t)
+    for x in [*load, t]:
+        router.release(x)
+    elsewhere = frozenset(b.name for b in TWO_GROUPS if b.group != t.group)
+    back = router.choose(RequestInfo("/v1/chat/completions", exclude=elsewhere))
+    assert (back.group, back.pool, back.reason) == (t.group, "eagle", "below_switch_down")
+    router.acquire(back)
+    continued = replace(turn(0, 41), recalled=True, handed_over=True)
+    moved = router.choose(continued)
+    assert (moved.group, moved.pool, moved.reason) == (t.group, "eagle",
+                                                       "hysteresis_hold_eagle")
 
 
 def test_a_session_key_keeps_a_conversation_whose_history_was_rewritten() -> None:
