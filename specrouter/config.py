@@ -212,10 +212,13 @@ class CostProbeSettings(_Section):
 
     A pool the online model has no reading of is priced from the other pool through fixed
     ratios that differ by model and GPU; a probe measures it instead: while the whole
-    group is idle, for each of the pool's batches, `batch` generations of `prompt_tokens`
-    unique tokens, once for one output token and once for `tokens`, sent together to the
-    pool's server; the difference of their end-to-end latencies over the difference of
-    their decode steps is one step at that batch.
+    group is idle, a warm-up generation prefills a prefix of the traffic's context in
+    tokens (unique to the probe), then for each of the pool's batches `batch`
+    generations of that prefix and a few tokens of their own, once for one output token
+    and once for `tokens`, sent together to the pool's server; the difference of their
+    end-to-end latencies over the difference of their decode steps is one step at that
+    batch and context. A pool read only by probes is probed again once the traffic's
+    context is twice or half the probe's.
     A request arriving for the group cancels the probe.
 
     With shared state a probe runs only under its group's cluster-wide lock, which lives
@@ -225,10 +228,16 @@ class CostProbeSettings(_Section):
 
     enabled: bool = True
     tokens: int = Field(default=64, ge=2, le=1024)
+    # the context a probe decodes at: the mean prompt of the generations lately sent to
+    # the group, at least `prompt_tokens` (all of it before any) and at most
+    # `max_prompt_tokens` and half the pool's KV pool (routing/costprobe.py)
     prompt_tokens: int = Field(default=512, ge=1, le=32768)
+    max_prompt_tokens: int = Field(default=32768, ge=1, le=1_048_576)
     # batches probed per pool: EAGLE-3's slope needs two (light traffic reads EAGLE-3
     # alone, at batch 1); the baseline's intercept is what the transfer from EAGLE-3's
-    # curve gets wrong, its slope the transfer gets right (docs/policy.md section 5b)
+    # curve gets wrong. Its slope the transfer gets right at short contexts only, but a
+    # line through the baseline's readings at batches 1 and 4 or 1 and 16 lost more than
+    # it won on the benchmarks (docs/policy.md section 5b, "At the traffic's context")
     eagle_batches: tuple[int, ...] = Field(default=(1, 4))
     baseline_batches: tuple[int, ...] = Field(default=(1,))
     # how often an idle group is checked for a pool without readings
@@ -246,6 +255,13 @@ class CostProbeSettings(_Section):
         if any(b < 1 or b > 64 for b in value):
             raise ValueError("batches must be between 1 and 64")
         return value
+
+    @model_validator(mode="after")
+    def _context_range(self) -> CostProbeSettings:
+        if self.max_prompt_tokens < self.prompt_tokens:
+            raise ValueError(f"max_prompt_tokens ({self.max_prompt_tokens}) is below "
+                             f"prompt_tokens ({self.prompt_tokens})")
+        return self
 
     def batches(self, pool: Pool) -> tuple[int, ...]:
         return self.eagle_batches if pool == "eagle" else self.baseline_batches

@@ -49,10 +49,14 @@ from specrouter.proxy.upstream import RawHeaders, RequestBody, Upstream, Upstrea
 from specrouter.routing.costprobe import (
     PROBE_PATH,
     PROBE_WEIGHT,
+    SUFFIX_TOKENS,
     ProbeAnswer,
+    context_due,
     cost_probe_body,
     due,
     parse_answer,
+    probe_context,
+    probe_prefix,
     step_reading,
 )
 from specrouter.routing.monitor import BackendMonitor
@@ -178,11 +182,11 @@ class _Cancelled(Exception):
 
 
 def probe_targets(group: str, pool: Pool, backend: Backend, batch: int,
-                  prompt_tokens: int) -> list[Target]:
-    """The targets of one probe round, as the router counts them in flight: each with its
-    unique prompt to prefill, which the cost model's readings of the round's telemetry
+                  prefill_tokens: int) -> list[Target]:
+    """The targets of one probe round, as the router counts them in flight: each with the
+    prompt tokens it prefills, which the cost model's readings of the round's telemetry
     windows are taken net of (routing/learning.py)."""
-    return [Target(group, pool, backend, "cost_probe", prefill_tokens=float(prompt_tokens))
+    return [Target(group, pool, backend, "cost_probe", prefill_tokens=float(prefill_tokens))
             for _ in range(batch)]
 
 
@@ -250,7 +254,9 @@ class CostProber:
         if self._monitor.clock() < self._not_before.get((group, pool), float("-inf")):
             return False
         learned = self._monitor.learning.model(group, self._monitor.clock()).pools[pool]
-        return due(learned.weight)
+        traffic = self._monitor.learning.traffic_context(group)
+        return due(learned.weight) or context_due(learned.probe_context, traffic,
+                                                  learned.read_since_probe)
 
     def _group(self, group: str) -> GroupView:
         return next(g for g in self._monitor.groups(self._monitor.clock()) if g.name == group)
@@ -307,28 +313,28 @@ class CostProber:
             return True, None
         return token is not None, token
 
-    async def _measure(self, group: str, pool: Pool) -> Outcome:
-        """The probe itself, within `timeout_s` in all; each reading is folded in and
-        published."""
+    def _context(self, group: str, pool: Pool) -> int:
+        """The prompt tokens this probe of `pool` decodes at (`probe_context`)."""
         learner = self._monitor.learning.learner(group)
+        return probe_context(self._monitor.learning.traffic_context(group),
+                             self._settings.prompt_tokens, self._settings.max_prompt_tokens,
+                             learner.kv_tokens[pool])
+
+    async def _measure(self, group: str, pool: Pool) -> Outcome:
+        """The probe itself, within `timeout_s` in all: the warm-up that prefills its
+        prefix, then the rounds of each batch (`_read_batches`)."""
+        learner = self._monitor.learning.learner(group)
+        context = self._context(group, pool)
+        prefix = probe_prefix(context)
         try:
             async with asyncio.timeout(self._settings.timeout_s):
-                for batch in self._settings.batches(pool):
-                    backend = self._idle_backend(group, pool)
-                    if backend is None:
-                        return "busy"
-                    short = await self._round(group, pool, backend, batch, 1)
-                    long = await self._round(group, pool, backend, batch, self._settings.tokens)
-                    ms = None if short is None or long is None else step_reading(short, long)
-                    if ms is None:
-                        break
-                    learner.observe(pool, batch, ms, self._monitor.clock(), PROBE_WEIGHT,
-                                    probe=True)
-                    log.info("cost probe of %s (%s, group %s) at batch %d: %.3f ms a step",
-                             backend.name, pool, group, batch, ms)
-                    await self._publish(group, pool, batch, ms)
-                else:
-                    return "read"
+                backend = self._idle_backend(group, pool)
+                if backend is None:
+                    return "busy"
+                if await self._round(group, pool, backend, 1, 1, prefix, warm_up=True):
+                    outcome = await self._read_batches(group, pool, context, prefix)
+                    if outcome is not None:
+                        return outcome
         except _Cancelled:
             learner.note_probe(pool, "cancelled")
             return "cancelled"
@@ -339,13 +345,35 @@ class CostProber:
         self._not_before[group, pool] = self._monitor.clock() + _FAILED_RETRY_S
         return "failed"
 
-    async def _publish(self, group: str, pool: Pool, batch: int, ms: float) -> None:
+    async def _read_batches(self, group: str, pool: Pool, context: int,
+                            prefix: list[int]) -> Outcome | None:
+        """A short and a long round at each of the pool's batches, each reading folded in
+        and published: "read", "busy", or None when no step could be read."""
+        learner = self._monitor.learning.learner(group)
+        for batch in self._settings.batches(pool):
+            backend = self._idle_backend(group, pool)
+            if backend is None:
+                return "busy"
+            short = await self._round(group, pool, backend, batch, 1, prefix)
+            long = await self._round(group, pool, backend, batch, self._settings.tokens, prefix)
+            ms = None if short is None or long is None else step_reading(short, long)
+            if ms is None:
+                return None
+            learner.observe(pool, batch, ms, self._monitor.clock(), PROBE_WEIGHT, probe=True,
+                            context=context)
+            log.info("cost probe of %s (%s, group %s) at batch %d, %d prompt tokens: %.3f ms "
+                     "a step", backend.name, pool, group, batch, context, ms)
+            await self._publish(group, pool, batch, ms, context)
+        return "read"
+
+    async def _publish(self, group: str, pool: Pool, batch: int, ms: float,
+                       context: int) -> None:
         """Share a reading with the other replicas (best effort: they probe themselves
         when it does not reach them)."""
         if self._store is None:
             return
         reading = ProbeReading(group, pool, float(batch), ms, time.time(),
-                               self._store.replica_id, uuid.uuid4().hex)
+                               self._store.replica_id, uuid.uuid4().hex, float(context))
         with contextlib.suppress(StateError):
             await self._store.publish_reading(reading)
 
@@ -378,20 +406,25 @@ class CostProber:
             weight = PROBE_WEIGHT * 0.5 ** (age / learner.half_life_s)
             if weight < _MIN_SHARED_WEIGHT:
                 continue
-            learner.observe(pool, reading.batch, reading.step_ms, now, weight)
+            learner.observe(pool, reading.batch, reading.step_ms, now, weight,
+                            context=reading.context)
             learner.note_probe(pool, "shared")
 
     async def _round(self, group: str, pool: Pool, backend: Backend, batch: int,
-                     tokens: int) -> list[ProbeAnswer] | None:
-        """`batch` generations of `tokens` sent together; cancelled (`_Cancelled`) as soon
-        as the group holds a request that is not one of them. Generations that are still
-        running when it ends (cancelled, or out of time) are aborted on the server."""
-        targets = probe_targets(group, pool, backend, batch, self._settings.prompt_tokens)
+                     tokens: int, prefix: list[int], *,
+                     warm_up: bool = False) -> list[ProbeAnswer] | None:
+        """`batch` generations of `tokens` after `prefix` sent together (`warm_up`: the
+        prefix alone, which the later rounds then find cached); cancelled (`_Cancelled`) as
+        soon as the group holds a request that is not one of them. Generations that are
+        still running when it ends (cancelled, or out of time) are aborted on the server."""
+        prefill = len(prefix) if warm_up else SUFFIX_TOKENS
+        targets = probe_targets(group, pool, backend, batch, prefill)
         rids = [f"{PROBE_RID_PREFIX}{uuid.uuid4().hex}" for _ in targets]
         for target in targets:
             self._router.acquire(target)
-        tasks = [asyncio.get_running_loop().create_task(self._one(backend, pool, tokens, rid))
-                 for rid in rids]
+        bodies = [cost_probe_body(prefix, tokens, rid, suffix=not warm_up) for rid in rids]
+        tasks = [asyncio.get_running_loop().create_task(self._one(backend, pool, body))
+                 for body in bodies]
         try:
             while not all(t.done() for t in tasks):
                 if self._group_inflight(group) > batch:
@@ -418,10 +451,8 @@ class CostProber:
         return [*JSON_HEADERS, *([] if authorization is None else
                                  [(b"authorization", authorization)])]
 
-    async def _one(self, backend: Backend, pool: Pool, tokens: int,
-                   rid: str) -> ProbeAnswer | None:
+    async def _one(self, backend: Backend, pool: Pool, body: bytes) -> ProbeAnswer | None:
         headers = self._headers(backend)
-        body = cost_probe_body(self._settings.prompt_tokens, tokens, rid)
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._settings.timeout_s):

@@ -17,7 +17,19 @@ baseline and verify steps on EAGLE-3 (SGLang's `meta_info.spec_verify_ct`). The 
 is SGLang's own `meta_info.e2e_latency` (seconds on the server's clock, which is the
 simulator's clock there), else the router's wall time of the exchange.
 
-Every probe prompt is unique token ids, so no probe reuses another's cached prefix.
+A step's cost grows with the context it decodes at, by different amounts on the two pools
+(on the seed-coding table a baseline step at 30k tokens costs 10% more than at 512 at
+batch 1 and 62% at batch 8, an EAGLE-3 step nothing and 17%): a pool read at one context
+and compared with a pool read by its telemetry at the traffic's is priced wrong by that
+much. So a probe
+decodes at the traffic's context, the mean prompt of the generations the router sent the
+group (`probe_context`; the configured floor before any), and a pool read only by
+probes is probed again once the traffic's context has moved `CONTEXT_RATIO`-fold from
+the probe's (`context_due`). Every generation of a probe shares one prefix of that many
+token ids, unique to the probe, which a warm-up generation prefills first: each later
+generation then prefills only its own `SUFFIX_TOKENS` (SGLang's radix cache holds the
+prefix), so a probe at 30k tokens prefills 30k tokens once and not 30k per generation,
+its round's answers start together, and the prefill cancels out of the step.
 """
 
 from __future__ import annotations
@@ -39,20 +51,61 @@ PROBE_WEIGHT = 1.0
 DUE_WEIGHT = 0.5
 #: Token ids of probe prompts: ordinary vocabulary ids of any tokenizer.
 _ID_BASE, _ID_SPAN = 1000, 20000
+#: Each generation's own token ids after the probe's shared prefix.
+SUFFIX_TOKENS = 8
+#: A pool read only by probes is probed again when the traffic's context is this many
+#: times longer or shorter than the probe's; a probe at a context this far from the
+#: pool's last probe replaces the pool's readings (`OnlineCostModel.observe`).
+CONTEXT_RATIO = 2.0
+#: A probe's context takes at most this share of the pool's KV pool.
+KV_SHARE = 0.5
 
 _salt = itertools.count(1)
 
 
-def cost_probe_body(prompt_tokens: int, max_tokens: int, rid: str) -> bytes:
-    """A /generate body: `prompt_tokens` token ids no other probe sends, greedy, exactly
-    `max_tokens` output tokens, SGLang request id `rid` (a cancelled probe is aborted by
-    it: SGLang notices a non-streaming client gone only at its 4 s poll)."""
-    salt = next(_salt)
-    ids = [_ID_BASE + (salt * 7919 + i * 104729) % _ID_SPAN for i in range(prompt_tokens)]
+def _ids(salt: int, count: int) -> list[int]:
+    return [_ID_BASE + (salt * 7919 + i * 104729) % _ID_SPAN for i in range(count)]
+
+
+def probe_prefix(tokens: int) -> list[int]:
+    """A prefix of `tokens` token ids that no other probe sends."""
+    return _ids(next(_salt), tokens)
+
+
+def cost_probe_body(prefix: Sequence[int], max_tokens: int, rid: str, *,
+                    suffix: bool = True) -> bytes:
+    """A /generate body: the probe's `prefix` (and, with `suffix`, `SUFFIX_TOKENS` ids of
+    this generation's own), greedy, exactly `max_tokens` output tokens, SGLang request id
+    `rid` (a cancelled probe is aborted by it: SGLang notices a non-streaming client gone
+    only at its 4 s poll)."""
+    ids = [*prefix, *_ids(next(_salt), SUFFIX_TOKENS)] if suffix else list(prefix)
     body = {"input_ids": ids, "rid": rid,
             "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True,
                                 "temperature": 0.0}}
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def probe_context(traffic: float | None, floor: int, ceiling: int,
+                  kv_tokens: int | None) -> int:
+    """The prompt tokens a probe decodes at: the traffic's mean prompt (`floor` before
+    any), between `floor` and `ceiling`, and within `KV_SHARE` of the pool's KV pool."""
+    tokens = floor if traffic is None else min(ceiling, max(floor, round(traffic)))
+    if kv_tokens:
+        tokens = min(tokens, int(KV_SHARE * kv_tokens))
+    return max(1, tokens)
+
+
+def contexts_differ(a: float, b: float) -> bool:
+    """Whether two contexts are `CONTEXT_RATIO` or more apart."""
+    return max(a, b) >= CONTEXT_RATIO * max(1.0, min(a, b))
+
+
+def context_due(probed: float | None, traffic: float | None, read_since: int) -> bool:
+    """A pool whose only readings since its last probe are the probe's (`read_since`
+    telemetry windows: 0) is due again once the traffic's context differs from the
+    probe's by `CONTEXT_RATIO`."""
+    return (read_since == 0 and probed is not None and traffic is not None
+            and contexts_differ(probed, traffic))
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,29 @@ def decode_batch(inflight: float, polled_running: float, cap: int | None) -> flo
 
 
 @dataclass
+class TrafficContext:
+    """The mean prompt tokens of the generations sent to a group, each weighing half as
+    much every `half_life_s` (the context a cost probe decodes at, `routing/costprobe.py`)."""
+
+    half_life_s: float = 60.0
+    weight: float = 0.0
+    tokens: float = 0.0
+    at: float | None = None
+
+    def record(self, now: float, prompt_tokens: float) -> None:
+        if self.at is not None and now > self.at:
+            k = 0.5 ** ((now - self.at) / self.half_life_s)
+            self.weight, self.tokens = self.weight * k, self.tokens * k
+        self.at = now if self.at is None else max(self.at, now)
+        self.weight += 1.0
+        self.tokens += prompt_tokens
+
+    @property
+    def mean(self) -> float | None:
+        return self.tokens / self.weight if self.weight > 0 else None
+
+
+@dataclass
 class SustainedLoad:
     """Time-weighted exponential average of a count that changes by steps: it rises with
     time constant `tau_s` and falls with `fall_tau_s` (`tau_s` when None)."""
@@ -131,6 +154,7 @@ class CostLearning:
                                              kv_room=kv_room)
                           for g in groups}
         self._sustained = {g: SustainedLoad(sustained_s, sustained_fall_s) for g in groups}
+        self._contexts = {g: TrafficContext() for g in groups}
         self._windows: dict[str, tuple[float, float]] = {}  # backend -> (rate, first seen)
         # backend -> (sum, count) of the engine's running counts polled in its current window
         self._running: dict[str, tuple[int, int]] = {}
@@ -156,6 +180,11 @@ class CostLearning:
     def sustained(self, group: str, now: float) -> float:
         return self._sustained[group].at_time(now)
 
+    def traffic_context(self, group: str) -> float | None:
+        """The mean prompt tokens of the generations lately sent to `group` (None: none
+        with a known prompt yet)."""
+        return self._contexts[group].mean
+
     def models(self, seeds: Mapping[str, GroupCostModel],
                clock: Callable[[], float]) -> LearnedModels:
         """Every group's learned model at `clock()`, `seeds` seeding theirs."""
@@ -168,9 +197,13 @@ class CostLearning:
         group = self.view.backends[backend].group
         self._sustained[group].step(now, float(self.view.group_inflight(group)))
 
-    def admitted(self, backend: str, now: float, prefill_tokens: float) -> None:
-        """A request went to `backend` with this many prompt tokens to prefill there."""
+    def admitted(self, backend: str, now: float, prefill_tokens: float,
+                 prompt_tokens: float = 0.0) -> None:
+        """A request went to `backend` with this many prompt tokens to prefill there, of
+        `prompt_tokens` in all (0: not known, or not a client's generation)."""
         self._prefills.setdefault(backend, PrefillLog()).record(now, prefill_tokens)
+        if prompt_tokens > 0:
+            self._contexts[self.view.backends[backend].group].record(now, prompt_tokens)
 
     def sample(self, backend: str, sample: EngineSample) -> None:
         """A telemetry sample of `backend`: its load readings set the pool's batch cap

@@ -153,7 +153,8 @@ class LoadAwareRouter:
         return target
 
     def acquire(self, target: Target) -> None:
-        self.monitor.acquire(id(target), target.backend.name, target.prefill_tokens)
+        self.monitor.acquire(id(target), target.backend.name, target.prefill_tokens,
+                             target.prompt_tokens)
         self._recalls.track(target)
         if self._affinity is not None:
             self._affinity.begin(target.session)
@@ -313,8 +314,9 @@ class LoadAwareRouter:
         predicted = 0.0
         if lookup is not None and lookup.predicted and lookup.prompt_tokens > 0:
             predicted = min(1.0, lookup.predicted.get(backend.name, 0.0) / lookup.prompt_tokens)
+        prompt = 0.0 if request.prefix is None else request.prefix.prompt_tokens
         return Target(group.name, decision.pool, backend, decision.reason, probe, recall,
-                      prefill, accept, session, predicted)
+                      prefill, prompt, accept, session, predicted)
 
     def _route_pool(
         self, groups: tuple[GroupView, ...], pool: Pool, signal: LoadSignal

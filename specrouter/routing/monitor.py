@@ -81,12 +81,14 @@ class BackendMonitor:
         view = self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
         return replace(view, sustained=self.learning.sustained(name, now))
 
-    def acquire(self, key: int, backend: str, prefill_tokens: float = 0.0) -> None:
-        """A request goes to `backend` with `prefill_tokens` uncached prompt tokens."""
+    def acquire(self, key: int, backend: str, prefill_tokens: float = 0.0,
+                prompt_tokens: float = 0.0) -> None:
+        """A request goes to `backend` with `prefill_tokens` uncached prompt tokens, of
+        `prompt_tokens` (0: not known)."""
         now = self.clock()
         self.view.acquire(backend, now)
         self.learning.inflight_changed(backend, now)
-        self.learning.admitted(backend, now, prefill_tokens)
+        self.learning.admitted(backend, now, prefill_tokens, prompt_tokens)
         if self.cluster is not None:
             self.cluster.acquire(key, backend)
 

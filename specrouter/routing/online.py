@@ -52,6 +52,7 @@ from typing import Any
 
 from specrouter.backends import Pool, other_pool
 from specrouter.routing.costmodel import GroupCostModel, PolyCurve, StepCurve
+from specrouter.routing.costprobe import contexts_differ
 
 #: Batch sizes of the prior's pseudo-readings.
 PRIOR_BATCHES = (1.0, 4.0)
@@ -153,11 +154,13 @@ class LearnedPool:
     """One pool's learned curve and what it rests on (for GET /policy and /metrics)."""
 
     curve: StepCurve
-    readings: int  # windows folded in, ever
+    readings: int  # windows folded in (since a probe at another context replaced them)
     weight: float  # their decayed weight
     prior_weight: float  # the prior's pseudo-readings
     batch_range: tuple[float, float] | None  # smallest and largest batch seen
     probes: int = 0  # readings a cost probe measured (proxy/shadow.py CostProber)
+    probe_context: float | None = None  # prompt tokens the last probe decoded at
+    read_since_probe: int = 0  # telemetry windows folded in since that probe
 
     @property
     def prior_share(self) -> float:
@@ -171,7 +174,8 @@ class LearnedPool:
                                  {"seed_factor": round(c.factor, 4)}
                                  if isinstance(c, ScaledCurve) else {})
         return {**shape, "step_ms_at": {str(b): round(c.ms(b), 3) for b in (1, 8, 32)},
-                "readings": self.readings, "probes": self.probes, "weight": round(self.weight, 2),
+                "readings": self.readings, "probes": self.probes,
+                "probe_context_tokens": self.probe_context, "weight": round(self.weight, 2),
                 "prior_share": round(self.prior_share, 3),
                 "batch_range": None if self.batch_range is None else list(self.batch_range)}
 
@@ -229,18 +233,26 @@ class OnlineCostModel:
         self.mixing: float | None = None  # observed mixed round / predicted sum
         self.mixed_readings = 0
         self.probes: dict[tuple[Pool, str], int] = {}
+        self.probe_context: dict[Pool, float | None] = {"eagle": None, "baseline": None}
+        self.read_since_probe: dict[Pool, int] = {"eagle": 0, "baseline": 0}
         self._cache: tuple[float, LearnedCostModel] | None = None
 
     # -- readings ------------------------------------------------------------------------
 
     def observe(self, pool: Pool, batch: float, step_ms: float, now: float,
-                weight: float = 1.0, *, probe: bool = False) -> None:
+                weight: float = 1.0, *, probe: bool = False,
+                context: float | None = None) -> None:
         """A solo window of `pool`: `batch` requests decoding, steps of `step_ms`
-        (`probe`: measured by a cost probe, not by the pool's telemetry; counted as the
-        probe's `read` outcome)."""
+        (`context`: a cost probe's reading at that many prompt tokens, 0 when not known,
+        and not a telemetry window; `probe`: this replica's own, counted as the probe's
+        `read` outcome)."""
         if not (step_ms > 0 and math.isfinite(step_ms) and batch > 0 and weight > 0):
             return
         batch = max(MIN_BATCH, batch)
+        if context is None:
+            self.read_since_probe[pool] += 1
+        else:
+            self._probed_at(pool, context)
         fit = self._fits[pool]
         fit.decay(now, self.half_life_s)
         s = fit.sums
@@ -260,6 +272,17 @@ class OnlineCostModel:
             self.note_probe(pool, "read")
         fit.low, fit.high = min(fit.low, batch), max(fit.high, batch)
         self._cache = None
+
+    def _probed_at(self, pool: Pool, context: float) -> None:
+        """A probe reading at `context`: one this far from the pool's last probe replaces
+        the pool's readings, which describe decoding at another context."""
+        self.read_since_probe[pool] = 0
+        if context <= 0:
+            return
+        last = self.probe_context[pool]
+        if last is not None and contexts_differ(last, context):
+            self._fits[pool] = _Fit()
+        self.probe_context[pool] = context
 
     def observe_mixed(self, eagle_batch: float, baseline_batch: float, round_ms: float,
                       accept_length: float, now: float) -> None:
@@ -333,7 +356,8 @@ class OnlineCostModel:
         pools: dict[Pool, LearnedPool] = {
             pool: LearnedPool(curve, fit.readings, fit.weight, self.prior_weight,
                               None if fit.readings == 0 else (fit.low, fit.high),
-                              self.probes.get((pool, "read"), 0))
+                              self.probes.get((pool, "read"), 0), self.probe_context[pool],
+                              self.read_since_probe[pool])
             for pool, curve, fit in _by_pool(e, b, self._fits)}
         model = LearnedCostModel(b, e, self.nominal_accept_length,
                                  self.model_cap("baseline", now), self.model_cap("eagle", now),

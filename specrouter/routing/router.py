@@ -103,6 +103,9 @@ class Target:
     # the prompt tokens `backend` is estimated to prefill (its cached prefix left out),
     # which the cost model's readings are taken net of (routing/learning.py)
     prefill_tokens: float = 0.0
+    # the request's prompt tokens by the router's estimate (0: not known, or not a
+    # client's generation): the traffic's context, which cost probes decode at
+    prompt_tokens: float = 0.0
     # the accept length the router expects of `backend` (EAGLE-3): output tokens per
     # streamed event, which a handover counts the tokens sent by
     accept_length: float | None = None

@@ -83,8 +83,9 @@ class AuditEntry:
 @dataclass(frozen=True)
 class ProbeReading:
     """One cost-probe reading as replicas share it: `pool` of `group` decoded `batch`
-    requests in steps of `step_ms`, read at unix time `at` by replica `by`; `id` is unique
-    per reading, so a replica folds each one in once."""
+    requests in steps of `step_ms`, read at unix time `at` by replica `by`, at `context`
+    prompt tokens (0: not known, a reading of an older replica); `id` is unique per
+    reading, so a replica folds each one in once."""
 
     group: str
     pool: str
@@ -93,11 +94,12 @@ class ProbeReading:
     at: float
     by: str
     id: str
+    context: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps({"group": self.group, "pool": self.pool, "batch": self.batch,
                            "step_ms": self.step_ms, "at": self.at, "by": self.by,
-                           "id": self.id}, separators=(",", ":"))
+                           "id": self.id, "context": self.context}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> ProbeReading | None:
@@ -107,10 +109,10 @@ class ProbeReading:
             data = json.loads(raw)
             reading = cls(str(data["group"]), str(data["pool"]), float(data["batch"]),
                           float(data["step_ms"]), float(data["at"]), str(data["by"]),
-                          str(data["id"]))
-        except (ValueError, TypeError, KeyError):
+                          str(data["id"]), float(data.get("context", 0.0)))
+        except (ValueError, TypeError, KeyError, AttributeError):
             return None
-        numbers = (reading.batch, reading.step_ms, reading.at)
+        numbers = (reading.batch, reading.step_ms, reading.at, reading.context)
         return reading if all(math.isfinite(x) for x in numbers) else None
 
 

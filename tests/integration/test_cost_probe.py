@@ -81,3 +81,36 @@ def test_a_client_request_cancels_a_probe(sim_group: Any, router: RouterFactory)
     learned = _until(proc.url, lambda m: m["probes"].get("baseline/cancelled"),
                      "the probe to be cancelled")
     assert not learned["probes"].get("baseline/read"), learned
+
+
+def test_an_unused_pool_is_probed_again_at_the_traffics_context(
+        sim_group: Any, router: RouterFactory) -> None:
+    """The baseline, read by its start-up probe at 512 tokens, is read again at the
+    traffic's context once the traffic's prompts are twice as long: on this profile a
+    baseline step at ~9k tokens costs ~10% more than at 512, which EAGLE-3's telemetry,
+    read at the traffic's context, would otherwise be compared with."""
+    profile_name = "seed-coding"
+    sim: SimGroup = sim_group(profile=profile_name, time_scale=1.0)
+    proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
+        "SPECROUTER_COST_PROBE": json.dumps({"prompt_tokens": PROMPT, "tokens": TOKENS,
+                                             "check_s": 0.1}),
+        "SPECROUTER_HEALTH": json.dumps({"interval_s": 0.1}),
+        "SPECROUTER_POLICY": json.dumps({"mode": "eagle"})})  # the baseline stays unused
+    first = _until(proc.url, lambda m: m["pools"]["baseline"]["probes"] == 1,
+                   "the start-up probe of the baseline")
+    assert first["pools"]["baseline"]["probe_context_tokens"] == PROMPT
+    prompt = "x" * 36_000  # ~9,000 tokens at 4 characters a token
+    for _ in range(3):
+        answer = httpx.post(f"{proc.v1}/completions", json={
+            "model": "default", "prompt": prompt, "max_tokens": 4}, timeout=30.0)
+        assert answer.status_code == 200
+    learned = _until(proc.url, lambda m: m["pools"]["baseline"]["probe_context_tokens"] > PROMPT,
+                     "the baseline probed at the traffic's context")
+    baseline = learned["pools"]["baseline"]
+    assert 8_500 <= baseline["probe_context_tokens"] <= 9_500, baseline
+    assert baseline["readings"] == 1, baseline  # the reading at 512 tokens was replaced
+    profile = load_profile(profile_name)
+    ctx = baseline["probe_context_tokens"] + TOKENS / 2
+    at_context, at_512 = (physics.decode_step_ms(profile, 1, c) for c in (ctx, PROMPT))
+    step = baseline["step_ms_at"]["1"]
+    assert abs(step - at_context) < abs(step - at_512), (step, at_context, at_512)

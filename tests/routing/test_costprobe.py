@@ -11,10 +11,14 @@ import pytest
 from specrouter.routing.costmodel import PolyCurve
 from specrouter.routing.costprobe import (
     PROBE_WEIGHT,
+    SUFFIX_TOKENS,
     ProbeAnswer,
+    context_due,
     cost_probe_body,
     due,
     parse_answer,
+    probe_context,
+    probe_prefix,
     step_reading,
 )
 from specrouter.routing.online import OnlineCostModel
@@ -26,12 +30,51 @@ def answer(tokens: int, e2e_s: float, **spec: float) -> bytes:
                                                   "e2e_latency": e2e_s, **spec}}).encode()
 
 
-def test_the_body_is_unique_greedy_and_generates_exactly_the_tokens() -> None:
-    a, b = json.loads(cost_probe_body(32, 64, "r1")), json.loads(cost_probe_body(32, 64, "r2"))
-    assert len(a["input_ids"]) == 32 and a["input_ids"] != b["input_ids"]
+def test_a_probes_generations_share_its_prefix_and_differ_after_it() -> None:
+    prefix = probe_prefix(32)
+    assert prefix != probe_prefix(32)  # no probe finds another's prefix cached
+    warm = json.loads(cost_probe_body(prefix, 1, "w", suffix=False))
+    a, b = (json.loads(cost_probe_body(prefix, 64, rid)) for rid in ("r1", "r2"))
+    assert warm["input_ids"] == prefix
+    assert a["input_ids"][:32] == b["input_ids"][:32] == prefix
+    assert len(a["input_ids"]) == 32 + SUFFIX_TOKENS and a["input_ids"] != b["input_ids"]
     assert a["rid"] == "r1"
     assert a["sampling_params"] == {"max_new_tokens": 64, "ignore_eos": True,
                                     "temperature": 0.0}
+
+
+def test_a_probe_decodes_at_the_traffics_context_within_its_bounds() -> None:
+    assert probe_context(None, 512, 32768, None) == 512  # no traffic yet: the floor
+    assert probe_context(30000.4, 512, 32768, None) == 30000
+    assert probe_context(100.0, 512, 32768, None) == 512
+    assert probe_context(90000.0, 512, 32768, None) == 32768
+    assert probe_context(30000.0, 512, 32768, 40000) == 20000  # half the KV pool at most
+
+
+def test_a_pool_read_only_by_probes_is_due_when_the_context_moved_twofold() -> None:
+    assert context_due(512.0, 30000.0, 0)
+    assert context_due(30000.0, 512.0, 0)
+    assert not context_due(512.0, 1000.0, 0)  # within twice
+    assert not context_due(512.0, 30000.0, 3)  # its telemetry read it at the traffic's
+    assert not context_due(None, 30000.0, 0) and not context_due(512.0, None, 0)
+
+
+def test_a_probe_at_another_context_replaces_the_pools_readings() -> None:
+    m = OnlineCostModel(half_life_s=300.0)
+    m.observe("baseline", 1.0, 20.9, 0.0, probe=True, context=512.0)
+    m.observe("baseline", 1.0, 23.0, 1.0)  # a telemetry window
+    assert m.learned(1.0)["baseline"].read_since_probe == 1
+    m.observe("baseline", 1.0, 23.0, 2.0, probe=True, context=30000.0)
+    learned = m.learned(2.0)["baseline"]
+    assert learned.readings == 1 and learned.probe_context == 30000.0
+    assert learned.read_since_probe == 0
+    assert learned.curve.ms(1.0) == pytest.approx(23.0, rel=0.01)
+    # a probe within twice the context adds to the readings; a shared reading of an
+    # older replica (context 0) neither replaces them nor moves the probe's context
+    m.observe("baseline", 1.0, 23.2, 3.0, probe=True, context=20000.0)
+    m.observe("baseline", 1.0, 23.1, 4.0, context=0.0)
+    learned = m.learned(4.0)["baseline"]
+    assert learned.readings == 3 and learned.probe_context == 20000.0
 
 
 def test_steps_are_tokens_on_the_baseline_and_verify_steps_on_eagle() -> None:

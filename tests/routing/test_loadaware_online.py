@@ -93,3 +93,8 @@ def test_a_target_carries_the_prompt_tokens_its_backend_has_not_cached() -> None
     assert router.choose(CHAT).prefill_tokens == 0.0  # no prompt estimate: nothing
     # what the router sent is what the readings are taken net of
     assert monitor.learning._prefills[first.backend.name].tokens(0.0, clock.now) == 1000.0
+    # and the whole prompt, cached or not, is the traffic's context a cost probe decodes at
+    assert first.prompt_tokens == again.prompt_tokens == 1000.0
+    router.acquire(again)
+    router.acquire(router.choose(CHAT))  # no prompt estimate: not counted
+    assert monitor.learning.traffic_context(first.group) == 1000.0

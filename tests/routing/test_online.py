@@ -223,3 +223,17 @@ def test_a_model_is_served_again_until_a_reading_or_a_thousandth_of_a_half_life(
     rebuilt = m.model(1.31)
     m.observe("eagle", 4, 25.0, 1.32)
     assert m.model(1.32) is not rebuilt
+
+
+def test_the_traffic_context_is_the_recent_prompts_mean() -> None:
+    v = group_view()
+    learning = CostLearning(v)
+    assert learning.traffic_context("g") is None
+    learning.admitted("e", 0.0, 0.0, 0.0)  # a cost probe's or an unknown prompt
+    assert learning.traffic_context("g") is None
+    learning.admitted("e", 0.0, 500.0, 1000.0)
+    learning.admitted("b", 0.0, 30000.0, 30000.0)
+    assert learning.traffic_context("g") == pytest.approx(15500.0)
+    # a minute later the old prompts weigh half as much as a new one
+    learning.admitted("b", 60.0, 0.0, 31000.0)
+    assert learning.traffic_context("g") == pytest.approx((0.5 * 31000.0 + 31000.0) / 2.0)

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.anyio
 
 
 def reading(by: str, step_ms: float = 7.0) -> ProbeReading:
-    return ProbeReading("gpu0", "baseline", 1.0, step_ms, time.time(), by, uuid.uuid4().hex)
+    return ProbeReading("gpu0", "baseline", 1.0, step_ms, time.time(), by, uuid.uuid4().hex,
+                        9000.0)
 
 
 async def check_one_holder_and_compare_and_delete(a: StateStore, b: StateStore) -> None:
@@ -112,6 +113,16 @@ async def test_a_published_reading_reaches_every_other_replica_once(
     assert await c.fetch_readings() == [later]
     assert await a.fetch_readings() == [later]  # never one's own
     assert await b.fetch_readings() == []
+
+
+async def test_a_reading_keeps_its_context_and_an_older_replicas_has_none() -> None:
+    sent = reading("r1")
+    assert ProbeReading.from_json(sent.to_json()) == sent
+    older = ('{"group":"gpu0","pool":"eagle","batch":4.0,"step_ms":9.5,"at":1.0,"by":"r0",'
+             '"id":"x"}')
+    taken = ProbeReading.from_json(older)
+    assert taken is not None and taken.context == 0.0
+    assert ProbeReading.from_json(older[:-1] + ',"context":"many"}') is None
 
 
 async def test_readings_are_capped_and_foreign_entries_ignored(
