@@ -21,15 +21,15 @@ A step's cost grows with the context it decodes at, by different amounts on the 
 (on the seed-coding table a baseline step at 30k tokens costs 10% more than at 512 at
 batch 1 and 62% at batch 8, an EAGLE-3 step nothing and 17%): a pool read at one context
 and compared with a pool read by its telemetry at the traffic's is priced wrong by that
-much. So a probe
-decodes at the traffic's context, the mean prompt of the generations the router sent the
-group (`probe_context`; the configured floor before any), and a pool read only by
-probes is probed again once the traffic's context has moved `CONTEXT_RATIO`-fold from
-the probe's (`context_due`). Every generation of a probe shares one prefix of that many
-token ids, unique to the probe, which a warm-up generation prefills first: each later
-generation then prefills only its own `SUFFIX_TOKENS` (SGLang's radix cache holds the
-prefix), so a probe at 30k tokens prefills 30k tokens once and not 30k per generation,
-its round's answers start together, and the prefill cancels out of the step.
+much. So a probe decodes at the traffic's context, the mean prompt of the generations
+the router sent the group (`probe_context`; the configured floor before any), and a pool
+read only by probes is probed again once the traffic's context has moved
+`CONTEXT_RATIO`-fold from the probe's (`context_due`). Every generation of a probe
+shares one prefix of that many token ids, unique to the probe, which a warm-up
+generation prefills first: each later generation then prefills only its own
+`SUFFIX_TOKENS` (SGLang's radix cache holds the prefix), so a probe at 30k tokens
+prefills 30k tokens once and not 30k per generation, its round's answers start
+together, and the prefill cancels out of the step.
 """
 
 from __future__ import annotations

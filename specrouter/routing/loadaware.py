@@ -307,14 +307,13 @@ class LoadAwareRouter:
                           decision.probe_tokens)
             if self._metrics is not None:
                 self._metrics.observe_probe(eagle.name)
-        prefill = (0.0 if request.prefix is None
-                   else max(0.0, request.prefix.prompt_tokens - held.get(backend.name, 0.0)))
+        prompt = 0.0 if request.prefix is None else request.prefix.prompt_tokens
+        prefill = max(0.0, prompt - held.get(backend.name, 0.0))
         accept = decision.state.accept.ewma if decision.pool == "eagle" else None
         session = request.session if lookup is not None else None
         predicted = 0.0
         if lookup is not None and lookup.predicted and lookup.prompt_tokens > 0:
             predicted = min(1.0, lookup.predicted.get(backend.name, 0.0) / lookup.prompt_tokens)
-        prompt = 0.0 if request.prefix is None else request.prefix.prompt_tokens
         return Target(group.name, decision.pool, backend, decision.reason, probe, recall,
                       prefill, prompt, accept, session, predicted)
 
