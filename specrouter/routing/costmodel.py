@@ -105,6 +105,11 @@ class GroupCostModel:
         """`pool`'s step-cost curve."""
         return self.eagle if pool == "eagle" else self.baseline
 
+    def at_context(self, context: float | None) -> GroupCostModel:
+        """The model for decoding at `context` prompt tokens: this one, which has no
+        context axis (`ContextCostModel` has)."""
+        return self
+
     def predict(self, pool: Pool, load: float, accept_length: float) -> PoolPrediction:
         if accept_length <= 0:
             raise ValueError("accept_length must be positive")
@@ -142,6 +147,50 @@ class GroupCostModel:
         return None
 
 
+@dataclass(frozen=True)
+class BlendCurve:
+    """`low`'s step times moved `weight` of the way to `high`'s."""
+
+    low: StepCurve
+    high: StepCurve
+    weight: float
+
+    def ms(self, batch: float) -> float:
+        lo = self.low.ms(batch)
+        return lo + (self.high.ms(batch) - lo) * self.weight
+
+
+@dataclass(frozen=True)
+class ContextCostModel(GroupCostModel):
+    """A group cost model measured at several contexts: attention reads the whole context
+    at every step, so a step's cost, and with it the crossover, moves with the prompt
+    tokens the group decodes at (the seed-coding table: about 1.7 requests at 1,024 tokens,
+    14 at 8,192 and beyond).
+
+    `by_context` holds (context, baseline curve, EAGLE-3 curve) at each measured context,
+    ascending; `at_context` interpolates linearly between the two around a context and
+    keeps the nearest end's curves outside them, as the simulator's step table does
+    (`sim/profile.py`). The model's own curves are those of the smallest context: what
+    a decision reads before any traffic says where the group decodes."""
+
+    by_context: tuple[tuple[float, StepCurve, StepCurve], ...] = ()
+
+    def at_context(self, context: float | None) -> GroupCostModel:
+        points = self.by_context
+        if context is None or not points:
+            return GroupCostModel(self.baseline, self.eagle, self.nominal_accept_length,
+                                  self.baseline_max_batch, self.eagle_max_batch)
+        above = next((i for i, p in enumerate(points) if p[0] >= context), len(points))
+        if above == 0 or above == len(points):
+            _, base, eagle = points[min(above, len(points) - 1)]
+        else:
+            (c0, b0, e0), (c1, b1, e1) = points[above - 1], points[above]
+            w = (context - c0) / (c1 - c0)
+            base, eagle = BlendCurve(b0, b1, w), BlendCurve(e0, e1, w)
+        return GroupCostModel(base, eagle, self.nominal_accept_length,
+                              self.baseline_max_batch, self.eagle_max_batch)
+
+
 # --- loading: step-cost tables (shared/calibration jsonl) -------------------------------
 
 
@@ -171,19 +220,29 @@ def model_from_step_table(
 
     EAGLE step = verify(B, W) + steps * draft_step(B), as in shared/calibration/crossover.py,
     where W is the smallest measured verify width >= num_draft_tokens (the simulator's
-    rule, so predictions match its physics). `ctx` selects one context length when the
-    table holds several (required then); a ctx that was not measured takes the nearest
-    measured one. The measured draft step used topk 4; topk is kept for the record, the
-    table has no topk axis.
+    rule, so predictions match its physics). A table measured at several context lengths
+    gives a `ContextCostModel` over all of them, unless `ctx` picks one (a ctx that was
+    not measured takes the nearest measured one). The measured draft step used topk 4;
+    topk is kept for the record, the table has no topk axis.
     """
     rows = list(rows)
     ctxs = sorted({int(r.get("ctx", 0)) for r in rows})
-    if ctx is None:
-        if len(ctxs) > 1:
-            raise ValueError(f"table has several context lengths {ctxs}: choose one with ctx")
-    else:
+    if ctx is not None:
         nearest = min(ctxs, key=lambda c: (abs(c - ctx), c))
-        rows = [r for r in rows if int(r.get("ctx", 0)) == nearest]
+        ctxs = [nearest]
+    curves = [(float(c), *_table_curves([r for r in rows if int(r.get("ctx", 0)) == c], draft))
+              for c in ctxs]
+    _, base, eagle = curves[0]
+    if len(curves) == 1:
+        return GroupCostModel(base, eagle, nominal_accept_length, baseline_max_batch,
+                              eagle_max_batch)
+    return ContextCostModel(base, eagle, nominal_accept_length, baseline_max_batch,
+                            eagle_max_batch, tuple(curves))
+
+
+def _table_curves(rows: Sequence[Mapping[str, Any]], draft: DraftConfig
+                  ) -> tuple[TableCurve, TableCurve]:
+    """The baseline's and EAGLE-3's step curves of one context's rows."""
     verify_key = _verify_column(rows, draft.num_draft_tokens)
     missing = [r["batch"] for r in rows if verify_key not in r or "draft_step_ms" not in r]
     if missing:
@@ -193,7 +252,7 @@ def model_from_step_table(
         (float(r["batch"]), float(r[verify_key]) + draft.steps * float(r["draft_step_ms"]))
         for r in rows
     ))
-    return GroupCostModel(base, eagle, nominal_accept_length, baseline_max_batch, eagle_max_batch)
+    return base, eagle
 
 
 def _verify_column(rows: Sequence[Mapping[str, Any]], num_draft_tokens: int) -> str:

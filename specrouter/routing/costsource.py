@@ -6,10 +6,14 @@ stops `specrouter serve` at start-up with the field's path in the message, not o
 first request. Three kinds of source, exactly one per entry:
 
 - `step_table`: a step-cost jsonl (the format of shared/calibration: batch, ctx,
-  target_qN_ms, draft_step_ms) plus the server's draft config and context length;
+  target_qN_ms, draft_step_ms) plus the server's draft config;
 - `profile`: a simulator-style profile JSON (a path, or the name of a shipped profile)
   and the step table it names; read as plain JSON, the simulator is never imported;
 - `file`: a cost-model JSON written by `specrouter calibrate --write-cost-model`.
+
+A table measured at several contexts gives a model over all of them: the router reads
+it at the mean prompt tokens of the group's recent traffic (`ContextCostModel`,
+`routing/learning.py`). `ctx` pins one measured context instead (the nearest to it).
 
 Relative paths are taken from the working directory; a profile's step table from the
 profile's own directory (as the simulator does).

@@ -1,5 +1,6 @@
 """What the router learns of each group while it routes: the online cost model
-(`routing/online.py`) fed with engine windows, and the group's sustained load.
+(`routing/online.py`) fed with engine windows, the group's sustained load, and its
+traffic context (where a cost probe decodes and a seed with a context axis is read).
 
 Fed by the `BackendMonitor` (telemetry samples, in-flight changes); read by the
 decisions. No I/O: samples and times come in.
@@ -76,7 +77,8 @@ def decode_batch(inflight: float, polled_running: float, cap: int | None) -> flo
 @dataclass
 class TrafficContext:
     """The mean prompt tokens of the generations sent to a group, each weighing half as
-    much every `half_life_s` (the context a cost probe decodes at, `routing/costprobe.py`)."""
+    much every `half_life_s`: the context a cost probe decodes at (`routing/costprobe.py`)
+    and a seed with a context axis is read at (`OnlineCostModel.note_context`)."""
 
     half_life_s: float = 60.0
     weight: float = 0.0
@@ -203,7 +205,9 @@ class CostLearning:
         `prompt_tokens` in all (0: not known, or not a client's generation)."""
         self._prefills.setdefault(backend, PrefillLog()).record(now, prefill_tokens)
         if prompt_tokens > 0:
-            self._contexts[self.view.backends[backend].group].record(now, prompt_tokens)
+            group = self.view.backends[backend].group
+            self._contexts[group].record(now, prompt_tokens)
+            self._learners[group].note_context(self._contexts[group].mean)
 
     def sample(self, backend: str, sample: EngineSample) -> None:
         """A telemetry sample of `backend`: its load readings set the pool's batch cap

@@ -28,7 +28,9 @@ Each pool's curve is a weighted least-squares fit with exponential forgetting (h
 - with a configured model (calibration, profile, step table) the curve is that model's
   curve times a learned factor per pool: the group's level, learned from both pools'
   readings at once, times the pool's ratio to it, whose strong prior is the seed's. A
-  seed's ratio of the pools holds until each pool's own readings say otherwise.
+  seed's ratio of the pools holds until each pool's own readings say otherwise. A seed
+  measured at several contexts (`ContextCostModel`) is read at the group's traffic
+  context (`note_context`), and each reading is compared with it there.
 
 Each pool's batch cap (`GroupCostModel.predict` counts the requests beyond it as queued)
 is the engine's max running requests, or fewer while its KV pool bounds the batch: an
@@ -51,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specrouter.backends import Pool, other_pool
-from specrouter.routing.costmodel import GroupCostModel, PolyCurve, StepCurve
+from specrouter.routing.costmodel import ContextCostModel, GroupCostModel, PolyCurve, StepCurve
 from specrouter.routing.costprobe import contexts_differ
 
 #: Batch sizes of the prior's pseudo-readings.
@@ -79,6 +81,9 @@ MIN_BATCH = 1.0
 ROOM_FULL_SHARE = 0.75
 #: Half-life of a pool's effective batch cap's recovery toward the engine's max, seconds.
 ROOM_HALF_LIFE_S = 30.0
+#: A seed with a context axis is read again once the traffic's context moved this share
+#: away from the one it was read at (a step's cost moves by less than that share).
+CONTEXT_STEP = 0.05
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,9 @@ class LearnedCostModel(GroupCostModel):
     # each engine's KV room (`OnlineCostModel.batch_cap`), whether the caps above use it
     # or not (`kv_room`)
     kv_room_batch: Mapping[Pool, int | None] = field(default_factory=dict)
+    # the prompt tokens a seed with a context axis is read at (None: no such seed, or
+    # no traffic yet: its smallest context)
+    context: float | None = None
 
     def describe(self, accept_length: float) -> dict[str, Any]:
         caps = {"eagle": self.eagle_max_batch, "baseline": self.baseline_max_batch}
@@ -205,6 +213,7 @@ class LearnedCostModel(GroupCostModel):
                 "mixing_ratio": None if self.mixing_ratio is None else round(self.mixing_ratio, 3),
                 "mixed_readings": self.mixed_readings,
                 "probes": {f"{p}/{o}": n for (p, o), n in sorted(self.probes.items())},
+                "context_tokens": None if self.context is None else round(self.context),
                 "crossover": self.crossover(accept_length)}
 
 
@@ -235,6 +244,7 @@ class OnlineCostModel:
         self.probes: dict[tuple[Pool, str], int] = {}
         self.probe_context: dict[Pool, float | None] = {"eagle": None, "baseline": None}
         self.read_since_probe: dict[Pool, int] = {"eagle": 0, "baseline": 0}
+        self.context: float | None = None
         self._cache: tuple[float, LearnedCostModel] | None = None
 
     # -- readings ------------------------------------------------------------------------
@@ -261,7 +271,7 @@ class OnlineCostModel:
         s[2] += weight * step_ms
         if self.seed is not None:  # the factor: a weighted mean of reading / seed
             s[3] += weight
-            s[7] += weight * step_ms / self._seed_curve(pool).ms(batch)
+            s[7] += weight * step_ms / self._seed_curve(pool, context or None).ms(batch)
         else:
             for i, phi_i in enumerate((1.0, batch)):
                 for j, phi_j in enumerate((1.0, batch)):
@@ -297,6 +307,15 @@ class OnlineCostModel:
         self.mixing = ratio if self.mixing is None else 0.8 * self.mixing + 0.2 * ratio
         self.mixed_readings += 1
         self._cache = None
+
+    def note_context(self, context: float | None) -> None:
+        """The mean prompt tokens of the group's recent traffic: where a seed with a
+        context axis is read (again once it moved `CONTEXT_STEP` away)."""
+        if not isinstance(self.seed, ContextCostModel) or context is None or context <= 0:
+            return
+        if self.context is None or abs(context - self.context) > CONTEXT_STEP * self.context:
+            self.context = context
+            self._cache = None
 
     def note_probe(self, pool: Pool, outcome: str) -> None:
         """A cost probe of `pool` ended: read, cancelled or failed."""
@@ -364,21 +383,23 @@ class OnlineCostModel:
                                  pools, self.seed is not None, self.mixing,
                                  self.mixed_readings, dict(self.probes),
                                  {p: self.max_batch[p] for p in ("eagle", "baseline")},
-                                 {p: self.batch_cap(p, now) for p in ("eagle", "baseline")})
+                                 {p: self.batch_cap(p, now) for p in ("eagle", "baseline")},
+                                 self.context)
         self._cache = (now, model)
         return model
 
     def learned(self, now: float) -> Mapping[Pool, LearnedPool]:
         return self.model(now).pools
 
-    def _seed_curve(self, pool: Pool) -> StepCurve:
+    def _seed_curve(self, pool: Pool, context: float | None = None) -> StepCurve:
+        """The seed's curve of `pool` at `context` (None: the traffic's)."""
         assert self.seed is not None
-        return self.seed.curve(pool)
+        return self.seed.at_context(self.context if context is None else context).curve(pool)
 
     def _curves(self) -> tuple[StepCurve, StepCurve]:
         if self.seed is not None:
-            return (ScaledCurve(self.seed.eagle, self._factor("eagle")),
-                    ScaledCurve(self.seed.baseline, self._factor("baseline")))
+            return (ScaledCurve(self._seed_curve("eagle"), self._factor("eagle")),
+                    ScaledCurve(self._seed_curve("baseline"), self._factor("baseline")))
         first: Pool = ("eagle" if self._fits["eagle"].weight >= self._fits["baseline"].weight
                        else "baseline")
         prior_first = PRIOR_EAGLE if first == "eagle" else _transfer(PRIOR_EAGLE, "baseline")

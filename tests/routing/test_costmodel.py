@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pathlib
+from dataclasses import replace
 
 import pytest
 
 from specrouter.routing.costmodel import (
+    ContextCostModel,
     DraftConfig,
     GroupCostModel,
     SweepPoint,
@@ -75,8 +77,6 @@ def test_table_errors_are_clear() -> None:
         model_from_step_table(rows, DraftConfig(3, 1, 17))
     with pytest.raises(ValueError, match="line 2"):
         parse_step_table('{"batch": 1, "target_q1_ms": 5}\nnot json\n')
-    with pytest.raises(ValueError, match="choose one with ctx"):
-        model_from_step_table([{**rows[0], "ctx": 1}, {**rows[1], "ctx": 2}], CHAIN)
 
 
 def test_fit_recovers_step_curve_from_sweep() -> None:
@@ -126,3 +126,39 @@ def test_model_from_simulator_profile() -> None:
     assert (m.nominal_accept_length, m.eagle_max_batch, m.baseline_max_batch) == (2.5, 48, 256)
     with pytest.raises(ValueError, match="draft"):
         model_from_profile({}, rows)
+
+
+def two_contexts() -> list[dict[str, float]]:
+    rows = parse_step_table((CALIB / "llama3-8b-ctx2048.jsonl").read_text())
+    return rows + parse_step_table((CALIB / "llama3-8b-ctx8192.jsonl").read_text())
+
+
+def test_a_table_of_several_contexts_is_read_at_the_context_asked() -> None:
+    rows = two_contexts()
+    model = model_from_step_table(rows, CHAIN, eagle_max_batch=None)
+    assert isinstance(model, ContextCostModel)
+    at = {c: model_from_step_table(rows, CHAIN, ctx=c, eagle_max_batch=None)
+          for c in (2048, 8192)}
+    for pool in ("eagle", "baseline"):
+        short, long = at[2048].curve(pool).ms(16), at[8192].curve(pool).ms(16)
+        assert model.curve(pool).ms(16) == short  # before any traffic: the smallest
+        assert model.at_context(None).curve(pool).ms(16) == short
+        assert model.at_context(1000).curve(pool).ms(16) == short  # clamped below
+        assert model.at_context(30000).curve(pool).ms(16) == long  # and above
+        assert model.at_context(3584).curve(pool).ms(16) == pytest.approx(
+            short + (long - short) * 0.25)
+    # attention over the longer context costs EAGLE-3's verify more than the baseline's
+    # step: the crossover moves with the context
+    assert model.at_context(8192).crossover(2.5) != pytest.approx(
+        model.at_context(2048).crossover(2.5), abs=0.5)
+    assert model.at_context(8192).crossover(2.5) == pytest.approx(at[8192].crossover(2.5))
+
+
+def test_a_context_model_keeps_its_settings_at_every_context() -> None:
+    model = replace(model_from_step_table(two_contexts(), CHAIN), nominal_accept_length=3.0,
+                    baseline_max_batch=64)
+    read = model.at_context(5000)
+    assert (read.nominal_accept_length, read.baseline_max_batch, read.eagle_max_batch) == (
+        3.0, 64, 48)
+    plain = model_from_step_table(two_contexts(), CHAIN, ctx=5000)
+    assert not isinstance(plain, ContextCostModel) and plain.at_context(30000) is plain

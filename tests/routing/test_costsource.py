@@ -115,8 +115,6 @@ def test_cost_model_file_round_trips_both_curve_kinds() -> None:
     [
         ({"profile": "no-such-profile"},
          "cost_model: profile .*no-such-profile.json does not exist"),
-        ({"profile": "h200-llama3-8b"},
-         "several context lengths \\[2048, 8192\\]: choose one with ctx"),
         ({"step_table": "/nonexistent/t.jsonl"}, "step table /nonexistent/t.jsonl does not exist"),
         ({"step_table": "BAD"}, "step table line 1: not JSON"),
         ({"step_table": CALIB_TABLE, "draft": {"num_draft_tokens": 32}},

@@ -9,6 +9,7 @@ import pytest
 
 from specrouter.observe.loadview import EngineSample, InflightHistory, LoadView
 from specrouter.routing.costmodel import GroupCostModel, PolyCurve
+from specrouter.routing.costsource import profile_model
 from specrouter.routing.learning import CostLearning, SustainedLoad, decode_batch
 from specrouter.routing.online import OnlineCostModel, step_ms
 
@@ -237,3 +238,38 @@ def test_the_traffic_context_is_the_recent_prompts_mean() -> None:
     # a minute later the old prompts weigh half as much as a new one
     learning.admitted("b", 60.0, 0.0, 31000.0)
     assert learning.traffic_context("g") == pytest.approx((0.5 * 31000.0 + 31000.0) / 2.0)
+
+
+def test_a_seed_measured_at_several_contexts_is_read_at_the_traffics() -> None:
+    """The seed-coding profile's model crosses over at ~1.7 requests at 1,024 prompt
+    tokens and ~14 at 8,192: the learner reads it where the group's traffic decodes, and
+    a reading there that matches the seed leaves its level as it is."""
+    seed = profile_model("seed-coding")
+    v = group_view()
+    learning = CostLearning(v)
+    learning.seed({"g": seed})
+    learner = learning.learner("g")
+    assert learner.model(0.0).crossover(2.0) == pytest.approx(seed.crossover(2.0))
+    assert learner.model(0.0).context is None
+    learning.admitted("e", 1.0, 30000.0, 30000.0)
+    model = learner.model(1.0)
+    assert model.context == 30000.0
+    assert model.crossover(2.0) == pytest.approx(seed.at_context(30000).crossover(2.0))
+    assert model.describe(2.0)["context_tokens"] == 30000
+    # a small move of the traffic's context keeps the model; a larger one reads it again
+    learning.admitted("e", 1.0, 31000.0, 31000.0)
+    assert learner.model(1.0) is model
+    learning.admitted("e", 1.0, 1000.0, 1000.0)
+    assert learner.model(1.0).context == pytest.approx(62000.0 / 3)
+    # a reading equal to the seed where the traffic is keeps the level at 1
+    at = seed.at_context(learner.context)
+    learner.observe("eagle", 4, at.eagle.ms(4), 2.0)
+    assert learner.model(2.0).eagle.ms(8) == pytest.approx(at.eagle.ms(8))
+
+
+def test_a_seed_without_a_context_axis_ignores_the_traffics_context() -> None:
+    seed = GroupCostModel(SEED["baseline"], SEED["eagle"], 2.0, 256, 48)
+    m = OnlineCostModel(seed)
+    built = m.model(0.0)
+    m.note_context(30000.0)
+    assert m.model(0.0) is built and built.context is None
