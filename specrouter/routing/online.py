@@ -398,8 +398,9 @@ class OnlineCostModel:
 
     def _curves(self) -> tuple[StepCurve, StepCurve]:
         if self.seed is not None:
-            return (ScaledCurve(self._seed_curve("eagle"), self._factor("eagle")),
-                    ScaledCurve(self._seed_curve("baseline"), self._factor("baseline")))
+            seed = self.seed.at_context(self.context)
+            return (ScaledCurve(seed.eagle, self._factor("eagle")),
+                    ScaledCurve(seed.baseline, self._factor("baseline")))
         first: Pool = ("eagle" if self._fits["eagle"].weight >= self._fits["baseline"].weight
                        else "baseline")
         prior_first = PRIOR_EAGLE if first == "eagle" else _transfer(PRIOR_EAGLE, "baseline")
