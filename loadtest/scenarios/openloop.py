@@ -378,24 +378,41 @@ def _finite(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def ratios(row: dict[str, Any], statics: list[dict[str, Any]]) -> dict[str, Any]:
-    """One config's figures against the better static pool, metric by metric: the higher
-    throughput, the lower median latency, the lower TTFT p99 of the two pools."""
-    tputs = [v for lv in statics if (v := _finite(lv["output_tok_s"])) is not None]
-    p50s = [v for lv in statics if (v := _finite(lv["e2e"]["p50"])) is not None]
-    ttfts = [v for lv in statics if (v := _finite(lv["ttft"]["p99"])) is not None]
+def better_static(statics: dict[str, dict[str, Any]]) -> str | None:
+    """The better static pool at a load: the one with the lower median e2e latency (the
+    higher throughput between equal medians); None without a finite median."""
+    timed = {name: p50 for name, lv in statics.items()
+             if (p50 := _finite(lv["e2e"]["p50"])) is not None}
+    if not timed:
+        return None
+    return min(timed, key=lambda name: (timed[name],
+                                        -(_finite(statics[name]["output_tok_s"]) or 0.0)))
+
+
+def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One config's figures against the better static pool (`better_static`): its median
+    latency and TTFT p99, and the higher throughput of the two pools. The TTFT p99 against
+    the lower of the two pools' is shown too, not judged: where EAGLE-3 is the better pool
+    its own TTFT p99 is above the baseline's, so that ratio prices the pool, not the
+    router."""
+    better = better_static(statics)
+    tputs = [v for lv in statics.values() if (v := _finite(lv["output_tok_s"])) is not None]
+    ttfts = [v for lv in statics.values() if (v := _finite(lv["ttft"]["p99"])) is not None]
+    ref_p50 = _finite(statics[better]["e2e"]["p50"]) if better is not None else None
+    ref_ttft = _finite(statics[better]["ttft"]["p99"]) if better is not None else None
     tput, p50, ttft = (_finite(row["output_tok_s"]), _finite(row["e2e"]["p50"]),
                        _finite(row["ttft"]["p99"]))
     out: dict[str, Any] = {
         "throughput_ratio": tput / max(tputs) if tput is not None and tputs and max(tputs) > 0
         else None,
-        "latency_ratio": p50 / min(p50s) if p50 is not None and p50s and min(p50s) > 0
-        else None,
-        "ttft_p99_ratio": ttft / min(ttfts) if ttft is not None and ttfts and min(ttfts) > 0
-        else None,
+        "latency_ratio": p50 / ref_p50 if p50 is not None and ref_p50 else None,
+        "ttft_p99_ratio": ttft / ref_ttft if ttft is not None and ref_ttft else None,
+        "ttft_p99_ratio_lowest": (ttft / min(ttfts) if ttft is not None and ttfts
+                                  and min(ttfts) > 0 else None),
         # simulated seconds over the better pool's TTFT p99: times the time scale, the
         # real time it stands for (a router's own cost is real time, magnified 1/scale)
-        "ttft_p99_excess_s": ttft - min(ttfts) if ttft is not None and ttfts else None,
+        "ttft_p99_excess_s": ttft - ref_ttft if ttft is not None and ref_ttft is not None
+        else None,
         "errors": row["errors"],
     }
     out["meets_throughput"] = (out["throughput_ratio"] is not None
@@ -418,13 +435,16 @@ def compare_profile(data: dict[str, Any]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for load in data.get("loads", []):
         name = load["name"]
-        statics = [by_load[c][name] for c in STATIC if name in by_load.get(c, {})]
+        statics = {c: by_load[c][name] for c in STATIC if name in by_load.get(c, {})}
         row: dict[str, Any] = {"load": name, "rate": load["rate"], "routers": {}}
-        if statics:
+        better = better_static(statics)
+        if better is not None:
             row["best"] = {
-                "output_tok_s": max(lv["output_tok_s"] for lv in statics),
-                "e2e_p50": min(lv["e2e"]["p50"] for lv in statics),
-                "ttft_p99": min(lv["ttft"]["p99"] for lv in statics)}
+                "pool": better,
+                "output_tok_s": max(lv["output_tok_s"] for lv in statics.values()),
+                "e2e_p50": statics[better]["e2e"]["p50"],
+                "ttft_p99": statics[better]["ttft"]["p99"],
+                "ttft_p99_lowest": min(lv["ttft"]["p99"] for lv in statics.values())}
             for config, levels in by_load.items():
                 if config not in STATIC and name in levels:
                     row["routers"][config] = ratios(levels[name], statics)
