@@ -389,13 +389,13 @@ def better_static(statics: dict[str, dict[str, Any]]) -> str | None:
                                         -(_finite(statics[name]["output_tok_s"]) or 0.0)))
 
 
-def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One config's figures against the better static pool (`better_static`): its median
-    latency and TTFT p99, and the higher throughput of the two pools. The TTFT p99 against
-    the lower of the two pools' is shown too, not judged: where EAGLE-3 is the better pool
-    its own TTFT p99 is above the baseline's, so that ratio prices the pool, not the
-    router."""
-    better = better_static(statics)
+def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]],
+           better: str | None) -> dict[str, Any]:
+    """One config's figures against the better static pool (`better`, of
+    `better_static`): its median latency and TTFT p99, and the higher throughput of the two
+    pools. The TTFT p99 against the lower of the two pools' is shown too, not judged:
+    where EAGLE-3 is the better pool its own TTFT p99 is above the baseline's, so that
+    ratio prices the pool, not the router."""
     tputs = [v for lv in statics.values() if (v := _finite(lv["output_tok_s"])) is not None]
     ttfts = [v for lv in statics.values() if (v := _finite(lv["ttft"]["p99"])) is not None]
     ref_p50 = _finite(statics[better]["e2e"]["p50"]) if better is not None else None
@@ -447,7 +447,7 @@ def compare_profile(data: dict[str, Any]) -> dict[str, Any]:
                 "ttft_p99_lowest": min(lv["ttft"]["p99"] for lv in statics.values())}
             for config, levels in by_load.items():
                 if config not in STATIC and name in levels:
-                    row["routers"][config] = ratios(levels[name], statics)
+                    row["routers"][config] = ratios(levels[name], statics, better)
         rows.append(row)
     verdict: dict[str, Any] = {}
     for config in configs:
