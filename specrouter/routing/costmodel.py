@@ -121,6 +121,15 @@ class GroupCostModel:
         throughput = 1000.0 * batch * per_step / step
         return PoolPrediction(pool, load, batch, step, throughput, 1000.0 * load / throughput)
 
+    def throughput_tok_s(self, pool: Pool, load: float, accept_length: float) -> float:
+        """`predict(pool, load, accept_length).throughput_tok_s` without the rest: what a
+        search over loads evaluates many times per decision."""
+        load = max(1.0, load)
+        cap, per_step = ((self.eagle_max_batch, accept_length) if pool == "eagle"
+                         else (self.baseline_max_batch, 1.0))
+        batch = min(load, cap) if cap else load
+        return 1000.0 * batch * per_step / self.curve(pool).ms(batch)
+
     def predictions(self, load: float, accept_length: float) -> dict[Pool, PoolPrediction]:
         """Both pools at `load`; what /policy shows."""
         return {p: self.predict(p, load, accept_length) for p in ("eagle", "baseline")}

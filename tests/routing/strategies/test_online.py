@@ -6,11 +6,17 @@ from dataclasses import replace
 
 import pytest
 
-from specrouter.routing.costmodel import GroupCostModel, PolyCurve
+from specrouter.routing.costmodel import GroupCostModel, PolyCurve, TableCurve
 from specrouter.routing.decision import GroupState, Hints
 from specrouter.routing.policy import Policy
 from specrouter.routing.pool_choice import decide
-from specrouter.routing.strategies.online import drain_cost, gain, wait_cost
+from specrouter.routing.strategies.online import (
+    LOAD_TOLERANCE,
+    drain_cost,
+    gain,
+    matching_load,
+    wait_cost,
+)
 from tests.routing.helpers import group
 
 # seed-coding-like lines (crossover 2.7 at accept 2.0) and H200-like (crossover ~44 at 2.5)
@@ -58,6 +64,44 @@ def test_back_to_eagle_after_the_dwell_and_only_when_sustained_load_falls() -> N
     assert pick(SEED, 0, 0.5, pool="baseline", now=1.0, since=0.0) == (
         "baseline", "online_dwell_baseline")
     assert pick(SEED, 0, 0.5, pool="baseline", now=10.0, since=0.0) == ("eagle", "online_eagle")
+
+
+# seed-coding-like step tables: piecewise linear, EAGLE-3 capped at 48
+TABLES = GroupCostModel(
+    TableCurve(((1, 20.9), (4, 24.0), (8, 28.5), (16, 37.0), (32, 54.8), (64, 90.0),
+                (128, 160.0), (256, 300.0))),
+    TableCurve(((1, 38.5), (4, 55.0), (8, 77.6), (16, 120.0), (32, 211.0), (48, 300.0))),
+    2.0, 256, 48)
+
+
+def least_load(model: GroupCostModel, pool: str, demand: float, accept: float) -> float:
+    """The least load carrying `demand`, by 60 halvings of [0, 4096]."""
+    lo, hi = 0.0, 4096.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if model.predict(pool, mid, accept).throughput_tok_s < demand:  # type: ignore[arg-type]
+            lo = mid
+        else:
+            hi = mid
+    return max(1.0, hi)
+
+
+@pytest.mark.parametrize("model", [SEED, H200, LONG, TABLES])
+@pytest.mark.parametrize("pool", ["eagle", "baseline"])
+def test_the_matching_load_is_the_least_load_that_carries_the_demand(
+        model: GroupCostModel, pool: str) -> None:
+    cap = model.eagle_max_batch if pool == "eagle" else model.baseline_max_batch
+    assert cap is not None
+    for accept in (1.0, 2.0, 4.5):
+        top = model.predict(pool, cap, accept).throughput_tok_s  # type: ignore[arg-type]
+        # from below one request's throughput up to the capped batch's (where it flattens)
+        for share in (0.01, 0.2, 0.5, 0.9, 0.999, 1.0):
+            demand = share * top
+            found = matching_load(model, pool, demand, accept)  # type: ignore[arg-type]
+            exact = least_load(model, pool, demand, accept)
+            assert found == pytest.approx(exact, rel=2 * LOAD_TOLERANCE, abs=1e-9)
+            assert model.predict(pool, found, accept).throughput_tok_s >= (  # type: ignore[arg-type]
+                demand * (1 - 1e-12))
 
 
 def test_without_a_model_it_decides_as_threshold() -> None:
