@@ -186,7 +186,8 @@ def probe_targets(group: str, pool: Pool, backend: Backend, batch: int,
     """The targets of one probe round, as the router counts them in flight: each with the
     prompt tokens it prefills, which the cost model's readings of the round's telemetry
     windows are taken net of (routing/learning.py)."""
-    return [Target(group, pool, backend, "cost_probe", prefill_tokens=float(prefill_tokens))
+    return [Target(group, pool, backend, "cost_probe", prefill_tokens=float(prefill_tokens),
+                   own=True)
             for _ in range(batch)]
 
 

@@ -6,8 +6,9 @@ Fed by the `BackendMonitor` (telemetry samples, in-flight changes); read by the
 decisions. No I/O: samples and times come in.
 
 The sustained load is a time-weighted exponential average of the router's in-flight
-count of the group, with time constant `sustained_s`: a short overlap of two requests
-moves it little, a load held for a few time constants moves it all the way.
+count of the group's client requests (its own cost and goodput probes left out), with
+time constant `sustained_s`: a short overlap of two requests moves it little, a load
+held for a few time constants moves it all the way.
 
 A window's wall time holds its `DECODE_LOG_BATCHES` decode steps and the prefill batches
 run between them, so its step reads dear by the prefill's time over the steps. That time
@@ -156,6 +157,7 @@ class CostLearning:
                                              kv_room=kv_room)
                           for g in groups}
         self._sustained = {g: SustainedLoad(sustained_s, sustained_fall_s) for g in groups}
+        self._own_inflight = dict.fromkeys(groups, 0)  # the router's own requests in flight
         self._contexts = {g: TrafficContext() for g in groups}
         self._windows: dict[str, tuple[float, float]] = {}  # backend -> (rate, first seen)
         # backend -> (sum, count) of the engine's running counts polled in its current window
@@ -195,9 +197,15 @@ class CostLearning:
 
     # -- feeds ---------------------------------------------------------------------------
 
-    def inflight_changed(self, backend: str, now: float) -> None:
+    def inflight_changed(self, backend: str, now: float, own_change: int = 0) -> None:
+        """`backend`'s in-flight count changed; `own_change` of it was the router's own
+        requests (cost and goodput probes), which the sustained load leaves out: it
+        stands for the clients' demand, and a probe is no demand (it starts only on an
+        idle group and is cancelled when a client's request comes)."""
         group = self.view.backends[backend].group
-        self._sustained[group].step(now, float(self.view.group_inflight(group)))
+        self._own_inflight[group] += own_change
+        clients = self.view.group_inflight(group) - self._own_inflight[group]
+        self._sustained[group].step(now, float(clients))
 
     def admitted(self, backend: str, now: float, prefill_tokens: float,
                  prompt_tokens: float = 0.0) -> None:

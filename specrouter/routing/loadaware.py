@@ -154,13 +154,13 @@ class LoadAwareRouter:
 
     def acquire(self, target: Target) -> None:
         self.monitor.acquire(id(target), target.backend.name, target.prefill_tokens,
-                             target.prompt_tokens)
+                             target.prompt_tokens, own=target.own)
         self._recalls.track(target)
         if self._affinity is not None:
             self._affinity.begin(target.session)
 
     def release(self, target: Target) -> None:
-        self.monitor.release(id(target), target.backend.name)
+        self.monitor.release(id(target), target.backend.name, own=target.own)
         self._recalls.forget(target)
         if self._affinity is not None:
             self._affinity.end(target.session)
@@ -303,7 +303,7 @@ class LoadAwareRouter:
         probe = None
         if decision.probe_tokens is not None:
             eagle = self._least_loaded(group.healthy_servers("eagle"), policy.load_signal)
-            probe = Probe(Target(group.name, "eagle", eagle, "goodput_probe"),
+            probe = Probe(Target(group.name, "eagle", eagle, "goodput_probe", own=True),
                           decision.probe_tokens)
             if self._metrics is not None:
                 self._metrics.observe_probe(eagle.name)

@@ -82,20 +82,20 @@ class BackendMonitor:
         return replace(view, sustained=self.learning.sustained(name, now))
 
     def acquire(self, key: int, backend: str, prefill_tokens: float = 0.0,
-                prompt_tokens: float = 0.0) -> None:
+                prompt_tokens: float = 0.0, own: bool = False) -> None:
         """A request goes to `backend` with `prefill_tokens` uncached prompt tokens, of
-        `prompt_tokens` (0: not known)."""
+        `prompt_tokens` (0: not known); `own`: the router's own (`Target.own`)."""
         now = self.clock()
         self.view.acquire(backend, now)
-        self.learning.inflight_changed(backend, now)
+        self.learning.inflight_changed(backend, now, +1 if own else 0)
         self.learning.admitted(backend, now, prefill_tokens, prompt_tokens)
         if self.cluster is not None:
             self.cluster.acquire(key, backend)
 
-    def release(self, key: int, backend: str) -> None:
+    def release(self, key: int, backend: str, own: bool = False) -> None:
         now = self.clock()
         self.view.release(backend, now)
-        self.learning.inflight_changed(backend, now)
+        self.learning.inflight_changed(backend, now, -1 if own else 0)
         if self.cluster is not None:
             self.cluster.release(key)
 

@@ -116,6 +116,9 @@ class Target:
     # observed retention scales it), which the engine's report of cached tokens is
     # compared with
     predicted_cached: float = 0.0
+    # a request of the router's own (a cost probe's generation, a goodput shadow probe):
+    # in flight like a client's, but no part of the clients' sustained load
+    own: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,8 @@ on sustained load (monitor -> learning -> online strategy -> GET /policy)."""
 
 from __future__ import annotations
 
+import pytest
+
 from specrouter.backends import Backend
 from specrouter.config import (
     AdmissionSettings,
@@ -18,7 +20,7 @@ from specrouter.routing.affinity.keys import PrefixKeys
 from specrouter.routing.loadaware import LoadAwareRouter
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy
-from specrouter.routing.router import RequestInfo
+from specrouter.routing.router import RequestInfo, Target
 
 GROUP = [Backend("g0-e", "http://h:1", "eagle", "g0"),
          Backend("g0-b", "http://h:2", "baseline", "g0")]
@@ -98,3 +100,27 @@ def test_a_target_carries_the_prompt_tokens_its_backend_has_not_cached() -> None
     router.acquire(again)
     router.acquire(router.choose(CHAT))  # no prompt estimate: not counted
     assert monitor.learning.traffic_context(first.group) == 1000.0
+
+
+def test_the_routers_own_probes_count_in_flight_but_not_in_the_sustained_load() -> None:
+    router, monitor, clock = make()
+    eagle = GROUP[0]
+    # a cost probe's batch of four on EAGLE-3 while no client sends anything
+    probes = [Target("g0", "eagle", eagle, "cost_probe", own=True) for _ in range(4)]
+    for probe in probes:
+        router.acquire(probe)
+    clock.now += 60.0
+    assert router.inflight(eagle.name) == 4  # the group's load sees them
+    assert monitor.learning.sustained("g0", clock.now) == 0.0  # the demand does not
+    # a client's request next to them moves it, and only by itself
+    client = router.choose(CHAT)
+    router.acquire(client)
+    clock.now += 60.0
+    assert monitor.learning.sustained("g0", clock.now) == pytest.approx(1.0, rel=1e-3)
+    for probe in probes:
+        router.release(probe)
+    clock.now += 60.0
+    assert monitor.learning.sustained("g0", clock.now) == pytest.approx(1.0, rel=1e-3)
+    router.release(client)
+    clock.now += 300.0
+    assert monitor.learning.sustained("g0", clock.now) == pytest.approx(0.0, abs=1e-3)
