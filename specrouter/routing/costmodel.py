@@ -114,9 +114,7 @@ class GroupCostModel:
         if accept_length <= 0:
             raise ValueError("accept_length must be positive")
         load = max(1.0, float(load))
-        cap, per_step = ((self.eagle_max_batch, accept_length) if pool == "eagle"
-                         else (self.baseline_max_batch, 1.0))
-        batch = min(load, float(cap)) if cap else load
+        batch, per_step = self._batch(pool, load, accept_length)
         step = self.curve(pool).ms(batch)
         throughput = 1000.0 * batch * per_step / step
         return PoolPrediction(pool, load, batch, step, throughput, 1000.0 * load / throughput)
@@ -124,11 +122,15 @@ class GroupCostModel:
     def throughput_tok_s(self, pool: Pool, load: float, accept_length: float) -> float:
         """`predict(pool, load, accept_length).throughput_tok_s` without the rest: what a
         search over loads evaluates many times per decision."""
-        load = max(1.0, load)
+        batch, per_step = self._batch(pool, max(1.0, load), accept_length)
+        return 1000.0 * batch * per_step / self.curve(pool).ms(batch)
+
+    def _batch(self, pool: Pool, load: float, accept_length: float) -> tuple[float, float]:
+        """The batch `pool` runs at `load` (the requests past its cap queue) and the output
+        tokens each of its requests makes per step."""
         cap, per_step = ((self.eagle_max_batch, accept_length) if pool == "eagle"
                          else (self.baseline_max_batch, 1.0))
-        batch = min(load, cap) if cap else load
-        return 1000.0 * batch * per_step / self.curve(pool).ms(batch)
+        return (min(load, float(cap)) if cap else load), per_step
 
     def predictions(self, load: float, accept_length: float) -> dict[Pool, PoolPrediction]:
         """Both pools at `load`; what /policy shows."""

@@ -84,7 +84,7 @@ def matching_load(model: GroupCostModel, pool: Pool, demand: float, accept: floa
     if f_lo >= 0:
         return 1.0
     hi, f_hi = lo, f_lo
-    while f_hi < 0:
+    while f_hi < 0 and hi < MAX_LOAD:
         lo, f_lo = hi, f_hi
         hi = min(2.0 * hi, MAX_LOAD)
         f_hi = excess(hi)
