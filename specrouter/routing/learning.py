@@ -200,8 +200,9 @@ class CostLearning:
     def inflight_changed(self, backend: str, now: float, own_change: int = 0) -> None:
         """`backend`'s in-flight count changed; `own_change` of it was the router's own
         requests (cost and goodput probes), which the sustained load leaves out: it
-        stands for the clients' demand, and a probe is no demand (it starts only on an
-        idle group and is cancelled when a client's request comes)."""
+        stands for the clients' demand, and a probe is none (a cost probe starts only on
+        an idle group and a client's request cancels it; a goodput probe copies a request
+        already counted)."""
         group = self.view.backends[backend].group
         self._own_inflight[group] += own_change
         clients = self.view.group_inflight(group) - self._own_inflight[group]
