@@ -49,8 +49,7 @@ MAX_LOAD = 4096.0
 #: The matching load is found to this share of itself: the other pool's time per token
 #: there is off by less than that share, far inside any margin a decision compares with.
 LOAD_TOLERANCE = 1e-4
-#: Steps of that search at most (it takes about seven; bisection from the bracket takes
-#: fourteen).
+#: A bound on that search's steps, far above what it takes.
 MAX_STEPS = 64
 
 
