@@ -11,10 +11,15 @@ requests per round, 2 rounds, with the arrival window at its default and with it
 On the EAGLE-3 path with the window a request takes three decisions (two dry runs in
 `settle`, one in `choose`), without it one. The `peer` and `overhead` scenarios route
 to one server and take none of this path.
+
+`--groups 1,4,16,64` measures the same with that many groups (two servers each), every
+server's telemetry read anew every 50 requests as polls would bring it, the window off:
+how a decision's cost grows with the cluster a router fronts.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from dataclasses import replace
@@ -26,9 +31,6 @@ from specrouter.routing.affinity.keys import prefix_keys
 from specrouter.routing.loadaware import LoadAwareRouter
 from specrouter.routing.router import RequestInfo
 
-GROUP = [{"name": "g0-eagle", "url": "http://127.0.0.1:1", "pool": "eagle", "group": "g0"},
-         {"name": "g0-baseline", "url": "http://127.0.0.1:2", "pool": "baseline",
-          "group": "g0"}]
 # seed-coding's EAGLE-3 steps at batch 1, 2, 3 (ms, accept length 2.0); the baseline's
 # are 1.8x cheaper at the same batch
 EAGLE_STEPS = ((1, 37.4), (2, 46.1), (3, 50.4))
@@ -36,24 +38,33 @@ BASELINE_RATIO = 1.8
 PROMPT_BYTES = 5000
 
 
-def taught_router(window_ms: float) -> LoadAwareRouter:
+def servers(groups: int) -> list[dict[str, str]]:
+    """`groups` groups of an EAGLE-3 and a baseline server (never reached)."""
+    return [{"name": f"g{g}-{pool}", "url": f"http://127.0.0.1:{2 * g + k + 1}", "pool": pool,
+             "group": f"g{g}"}
+            for g in range(groups) for k, pool in enumerate(("eagle", "baseline"))]
+
+
+def taught_router(window_ms: float, groups: int = 1) -> LoadAwareRouter:
     """The router `build_product` assembles for `serve` (never started: no health checks,
     polls or probes run), taught the windows by hand."""
-    settings = Settings.model_validate({"backends": GROUP,
+    settings = Settings.model_validate({"backends": servers(groups),
                                         "admission": {"arrival_window_ms": window_ms}})
     router = build_product(settings).router
     assert isinstance(router, LoadAwareRouter)
     monitor = router.monitor
     now = monitor.clock()
-    monitor.view.publish_accept("g0-eagle", EngineSample(1, 0, now, accept_length=2.0,
-                                                         accept_window=(2.0,)))
-    for i, (batch, ms) in enumerate(EAGLE_STEPS * 4):
-        at = now + 0.01 * i  # a new window each time (a new throughput figure)
-        monitor._publish_sample("g0-eagle", EngineSample(
-            batch, 0, at, max_running=48, gen_throughput=1000 * batch * 2.0 / ms + 1e-3 * i))
-        monitor._publish_sample("g0-baseline", EngineSample(
-            batch, 0, at, max_running=256,
-            gen_throughput=1000 * batch * BASELINE_RATIO / ms + 1e-3 * i))
+    for g in range(groups):
+        monitor.view.publish_accept(f"g{g}-eagle", EngineSample(
+            1, 0, now, accept_length=2.0, accept_window=(2.0,)))
+        for i, (batch, ms) in enumerate(EAGLE_STEPS * 4):
+            at = now + 0.01 * i  # a new window each time (a new throughput figure)
+            monitor._publish_sample(f"g{g}-eagle", EngineSample(
+                batch, 0, at, max_running=48,
+                gen_throughput=1000 * batch * 2.0 / ms + 1e-3 * i))
+            monitor._publish_sample(f"g{g}-baseline", EngineSample(
+                batch, 0, at, max_running=256,
+                gen_throughput=1000 * batch * BASELINE_RATIO / ms + 1e-3 * i))
     return router
 
 
@@ -65,11 +76,20 @@ def request() -> RequestInfo:
                        prefix=prefix_keys(body, affinity.block_bytes, affinity.bytes_per_token))
 
 
-async def cpu_per_request(router: LoadAwareRouter, requests: int = 2000) -> tuple[float, str]:
+async def cpu_per_request(router: LoadAwareRouter, requests: int = 2000,
+                          readings_every: int = 0) -> tuple[float, str]:
+    """CPU seconds per request, and the last request's reason. With `readings_every`,
+    every server publishes a fresh reading before each such run of requests."""
     info = request()
     reason = ""
+    monitor = router.monitor
+    names = tuple(monitor.view.backends)
     started = time.process_time()
-    for _ in range(requests):
+    for k in range(requests):
+        if readings_every and k % readings_every == 0:
+            now = monitor.clock()
+            for name in names:
+                monitor._publish_sample(name, EngineSample(1, 0, now, max_running=48))
         ahead = await router.settle(info)
         target = router.choose(replace(info, burst_ahead=ahead) if ahead else info)
         router.acquire(target)
@@ -79,7 +99,17 @@ async def cpu_per_request(router: LoadAwareRouter, requests: int = 2000) -> tupl
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.overhead_decision")
+    parser.add_argument("--groups", default="", metavar="N,N,...",
+                        help="group counts to measure, the arrival window off")
+    counts = [int(n) for n in parser.parse_args().groups.split(",") if n]
     for _ in range(2):
+        if counts:
+            for groups in counts:
+                seconds, reason = asyncio.run(cpu_per_request(
+                    taught_router(0.0, groups), readings_every=50))
+                print(f"{groups} groups: {seconds * 1e6:.0f} us CPU per request ({reason})")
+            continue
         for label, window_ms in (("arrival window 2 ms", 2.0), ("no arrival window", 0.0)):
             seconds, reason = asyncio.run(cpu_per_request(taught_router(window_ms)))
             print(f"{label}: {seconds * 1e6:.0f} us CPU per request ({reason})")

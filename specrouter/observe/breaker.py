@@ -11,6 +11,7 @@ The breaker sits on top of the active health checks because those are slow (SGLa
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -45,6 +46,12 @@ class CircuitBreaker:
     _opened_at: float = 0.0
     _trial_started: float | None = None
     _trial_successes: int = 0
+
+    @property
+    def closed(self) -> bool:
+        """Closed: requests may go here whatever the clock says. Open and half-open
+        states change with time alone (the cool-down ends, a trial's slot frees)."""
+        return self._state is BreakerState.CLOSED
 
     def state(self, now: float) -> BreakerState:
         if self._state is BreakerState.OPEN and now - self._opened_at >= self.config.cooldown_s:
@@ -105,6 +112,8 @@ class HealthRecord:
     Healthy = the last `check_failures_to_down` active checks did not all fail, and the
     breaker is not open (half_open counts as healthy only while its trial slot is free).
     Before the first check the backend is presumed up: the breaker catches a dead one.
+    `on_change` is called whenever a check, an outcome or a claimed trial changed what
+    `healthy` answers or how it depends on the clock.
     """
 
     config: BreakerConfig = field(default_factory=BreakerConfig)
@@ -113,23 +122,30 @@ class HealthRecord:
     last_check_ok: bool | None = None
     last_check_at: float | None = None
     last_error: str | None = None
+    on_change: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.breaker = CircuitBreaker(self.config)
 
     def record_check(self, ok: bool, now: float, error: str | None = None) -> None:
+        before = self._health_state()
         self.last_check_ok, self.last_check_at = ok, now
         self.check_failures = 0 if ok else self.check_failures + 1
         if error is not None or ok:
             self.last_error = error
+        self._changed_from(before)
 
     def record_outcome(self, ok: bool, now: float, error: str | None = None) -> None:
         """A real request ended: ok=False for connection errors and 5xx."""
+        if ok and self.breaker.closed:
+            return  # a success changes nothing in a closed breaker
+        before = self._health_state()
         if ok:
             self.breaker.record_success(now)
         else:
             self.breaker.record_failure(now)
             self.last_error = error
+        self._changed_from(before)
 
     def checks_ok(self) -> bool:
         return self.check_failures < self.config.check_failures_to_down
@@ -139,7 +155,20 @@ class HealthRecord:
 
     def allow_request(self, now: float) -> bool:
         """Call when dispatching to this backend (claims the half-open trial slot)."""
-        return self.checks_ok() and self.breaker.allow_request(now)
+        if self.breaker.closed:
+            return self.checks_ok()
+        before = self._health_state()
+        allowed = self.checks_ok() and self.breaker.allow_request(now)
+        self._changed_from(before)
+        return allowed
+
+    def _health_state(self) -> tuple[bool, BreakerState, float | None]:
+        b = self.breaker
+        return self.checks_ok(), b._state, b._trial_started
+
+    def _changed_from(self, before: tuple[bool, BreakerState, float | None]) -> None:
+        if self.on_change is not None and self._health_state() != before:
+            self.on_change()
 
     def as_dict(self, now: float) -> dict[str, object]:
         return {

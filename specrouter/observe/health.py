@@ -65,11 +65,34 @@ class HealthChecker:
         self._generation_at: dict[str, float] = {}
         self._generation_error: dict[str, str | None] = dict.fromkeys(self.records)
         self._local_log = RateLimitedLog(log, clock=clock)
+        # bumped whenever a record's health changes (`HealthRecord.on_change`)
+        self._version = 0
+        for record in self.records.values():
+            record.on_change = self._health_changed
+        # (names, version, flags) while every breaker among `names` is closed
+        self._flags: tuple[tuple[str, ...], int, tuple[bool, ...]] | None = None
 
     # -- request path (synchronous, no I/O) ----------------------------------------------
 
     def healthy(self, name: str, now: float | None = None) -> bool:
         return self.records[name].healthy(self._clock() if now is None else now)
+
+    def flags(self, names: tuple[str, ...], now: float) -> tuple[bool, ...]:
+        """`healthy(name, now)` for each of `names`, in their order. While their breakers
+        are all closed the answers change only when a record changes, so the same tuple
+        is returned until then: a decision costs no health read per backend. An open or
+        half-open breaker depends on the clock, and the flags are read each time."""
+        kept = self._flags
+        if kept is not None and kept[0] is names and kept[1] == self._version:
+            return kept[2]
+        records = self.records
+        flags = tuple(records[n].healthy(now) for n in names)
+        settled = all(records[n].breaker.closed for n in names)
+        self._flags = (names, self._version, flags) if settled else None
+        return flags
+
+    def _health_changed(self) -> None:
+        self._version += 1
 
     def allow_request(self, name: str, now: float | None = None) -> bool:
         """Call when dispatching to `name`: in half-open state this takes the trial slot."""

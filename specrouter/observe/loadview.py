@@ -486,11 +486,19 @@ class LoadView:
             raise KeyError(f"unknown group {group!r}")
         return GroupView(group, tuple(self.backend_view(n, now, healthy(n)) for n in names))
 
+    @property
+    def order(self) -> tuple[str, ...]:
+        """Every backend's name, in the order of `flagged_snapshot`'s health flags."""
+        return self._order
+
     def snapshot(
         self, now: float, healthy: Callable[[str], bool] = lambda _n: True
     ) -> tuple[GroupView, ...]:
         """Every group's view, from the cache while it holds (see the class docstring)."""
-        flags = tuple(healthy(n) for n in self._order)
+        return self.flagged_snapshot(now, tuple(healthy(n) for n in self._order))
+
+    def flagged_snapshot(self, now: float, flags: tuple[bool, ...]) -> tuple[GroupView, ...]:
+        """`snapshot` with each backend's health given in `order`."""
         cached = self._cache
         if (cached is None or cached.version != self._version or cached.healthy != flags
                 or not cached.built_at <= now <= cached.until):

@@ -100,6 +100,7 @@ class LoadAwareRouter:
         self._rng = rng if rng is not None else random.Random()
         self._clock = monitor.clock
         self._by_name = {b.name: b for b in monitor.backends}
+        self._group_of = {b.name: b.group for b in monitor.backends}
         self._arrivals = ArrivalWindow(admission.arrival_window_ms / 1000.0,
                                        admission.arrival_max_wait_ms / 1000.0,
                                        admission.arrival_memory_s)
@@ -114,6 +115,7 @@ class LoadAwareRouter:
             self._affinity = tracker_of(affinity, [b.name for b in monitor.backends])
             self._prices = prices_of(affinity)
             self._session_home = affinity.session_home
+            monitor.on_capacity = self._affinity.observe_capacity
 
     # -- the Router protocol ---------------------------------------------------------------
 
@@ -136,7 +138,7 @@ class LoadAwareRouter:
     def choose(self, request: RequestInfo) -> Target:
         now = self._clock()
         policy = self._policy.current
-        groups = self.monitor.groups(now, request.exclude)
+        groups = self.monitor.groups(now, request.exclude, sustained=False)
         if (self._arrivals.pending or request.burst_ahead) and request.pool is None:
             groups = self._with_arrivals(groups, request.burst_ahead)
         if request.pool is not None:
@@ -208,7 +210,7 @@ class LoadAwareRouter:
         health = self.monitor.health
         if not any(health.healthy(name, now) for name in self._baselines):
             return False
-        groups = self.monitor.groups(now)
+        groups = self.monitor.groups(now, sustained=False)
         models: dict[str, GroupCostModel | None] = {}  # one model build per group
         alone = self._dry_run(policy, self._with_arrivals(groups), now, models)
         if alone is None or not (alone.pool == "eagle" or alone.probe_tokens is not None):
@@ -228,6 +230,7 @@ class LoadAwareRouter:
         group = min(live, key=lambda g: g.load(policy.load_signal))
         if not group.pool_healthy("baseline"):
             return None
+        group = self.monitor.with_sustained(group, now)
         if group.name not in models:
             models[group.name] = self._cost_models.get(group.name)
         try:
@@ -265,16 +268,14 @@ class LoadAwareRouter:
     ) -> Target:
         lookup = None
         if self._affinity is not None:
-            for name, load in self.monitor.view.backends.items():
-                if load.sample is not None:
-                    self._affinity.observe_capacity(name, load.sample.kv_tokens)
             lookup = self._affinity.lookup(request.prefix, request.session)
         affinity = (None if lookup is None
                     else group_affinity(lookup, groups, request.session, self._prices,
-                                        self._session_home))
+                                        self._session_home, self._group_of))
         group = choose_group(groups, policy.load_signal, self._rng, affinity)
         if group is None:
             raise NoBackendAvailable("no healthy backend in any GPU group")
+        group = self.monitor.with_sustained(group, now)
         decision = decide(policy, group, self._states[group.name], self._hints(policy, request),
                           now, self._cost_models.get(group.name))
         held = lookup.held if lookup is not None else {}

@@ -21,7 +21,8 @@ from specrouter.routing.learning import CostLearning
 
 
 class BackendMonitor:
-    """Runs on one event loop; `on_accept(group)` hears of each new accept-length reading."""
+    """Runs on one event loop; `on_accept(group)` hears of each new accept-length reading,
+    `on_capacity(backend, kv_tokens)` of each telemetry sample's KV pool size."""
 
     def __init__(
         self,
@@ -38,6 +39,7 @@ class BackendMonitor:
         self.clock = clock
         self.cluster = ClusterCounts(state, backends) if state is not None else None
         self.on_accept: Callable[[str], None] = lambda _group: None
+        self.on_capacity: Callable[[str, int], None] = lambda _backend, _kv: None
         self._groups = {b.name: b.group for b in self.backends}
         self.view = LoadView(poll_interval=telemetry.interval_s)
         for b in self.backends:
@@ -57,24 +59,26 @@ class BackendMonitor:
                 interval=telemetry.interval_s, timeout=telemetry.timeout_s,
             )
 
-    def groups(self, now: float, exclude: frozenset[str] = frozenset()) -> tuple[GroupView, ...]:
-        """Every group; a backend in `exclude` counts as unhealthy."""
-        health = self.health
+    def groups(self, now: float, exclude: frozenset[str] = frozenset(),
+               sustained: bool = True) -> tuple[GroupView, ...]:
+        """Every group; a backend in `exclude` counts as unhealthy. With `sustained` off
+        the views carry no sustained load: a decision adds it to the one group it takes
+        (`with_sustained`) instead of computing one per group of the cluster."""
+        order = self.view.order
+        flags = self.health.flags(order, now)
         if exclude:
-            def usable(name: str) -> bool:
-                return name not in exclude and health.healthy(name, now)
-        else:
-            def usable(name: str) -> bool:
-                return health.healthy(name, now)
-
-        groups = self.view.snapshot(now, usable)
+            flags = tuple(ok and name not in exclude
+                          for name, ok in zip(order, flags, strict=True))
+        groups = self.view.flagged_snapshot(now, flags)
         if self.cluster is not None:
             groups = self.cluster.merged(groups)
-        sustained = self.learning.sustained
-        if len(groups) == 1:
-            g = groups[0]
-            return (g.with_sustained(sustained(g.name, now)),)
-        return tuple(g.with_sustained(sustained(g.name, now)) for g in groups)
+        if not sustained:
+            return groups
+        return tuple(self.with_sustained(g, now) for g in groups)
+
+    def with_sustained(self, group: GroupView, now: float) -> GroupView:
+        """`group` with its sustained load at `now`."""
+        return group.with_sustained(self.learning.sustained(group.name, now))
 
     def group(self, name: str, now: float) -> GroupView:
         """One group with this replica's own counts."""
@@ -145,6 +149,8 @@ class BackendMonitor:
     def _publish_sample(self, name: str, sample: EngineSample) -> None:
         self.view.publish(name, sample)
         self.learning.sample(name, sample)
+        if sample.kv_tokens is not None:
+            self.on_capacity(name, sample.kv_tokens)
         if sample.accept_length is not None:
             self.on_accept(self._groups[name])
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from specrouter.backends import Backend
@@ -103,3 +106,39 @@ def test_a_failure_on_the_routers_side_keeps_the_last_state() -> None:
     engine.local_failure = True
     assert run_checks(health, clock, 3) == [False] * 3
     assert not health.healthy("e")
+
+
+BACKENDS = tuple(Backend(f"b{i}", f"http://b{i}", "baseline", "g") for i in range(3))
+FLAG_BREAKER = BreakerConfig(failure_threshold=2, window_s=5.0, cooldown_s=1.0,
+                             success_threshold=1, probe_timeout_s=2.0,
+                             check_failures_to_down=2)
+_STEP = st.one_of(
+    st.tuples(st.just("check"), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("outcome"), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("dispatch"), st.integers(0, 2), st.just(True)),
+    st.tuples(st.just("wait"), st.integers(1, 30), st.just(True)),  # tenths of a second
+    st.tuples(st.just("read"), st.just(0), st.just(True)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_STEP, max_size=60))
+def test_the_kept_health_flags_read_as_every_backend_asked_now(steps: list[Any]) -> None:
+    """`flags` keeps its answer while every breaker is closed; at any point of any
+    sequence of checks, outcomes, dispatches (which claim a half-open trial) and waits
+    (which end cool-downs and free trials) it equals `healthy` asked backend by backend."""
+    clock = [0.0]
+    health = HealthChecker(BACKENDS, SETTINGS, FLAG_BREAKER, clock=lambda: clock[0])
+    names = tuple(b.name for b in BACKENDS)
+    for kind, i, ok in steps:
+        name = names[i % len(names)]
+        if kind == "check":
+            health.records[name].record_check(ok, clock[0])
+        elif kind == "outcome":
+            health.record_outcome(name, ok)
+        elif kind == "dispatch":
+            health.allow_request(name, clock[0])
+        elif kind == "wait":
+            clock[0] += i / 10
+        assert health.flags(names, clock[0]) == tuple(health.healthy(n, clock[0])
+                                                       for n in names)

@@ -172,19 +172,28 @@ class AffinityTracker:
 
 
 def group_affinity(lookup: Lookup | None, groups: Sequence[GroupView], session: str | None,
-                   prices: AffinityPrices, session_home: bool = False) -> GroupAffinity | None:
+                   prices: AffinityPrices, session_home: bool = False,
+                   group_of: Mapping[str, str] | None = None) -> GroupAffinity | None:
     """The group choice's view of one request: per group the most prompt tokens one of
     its healthy servers holds. With `session_home`, when no server is believed to hold
     any and the client named a session, the session's home group is priced as holding
     the whole prompt, so every replica places a session in the same group (load
-    permitting), at the price of placing new sessions by hash rather than by load."""
+    permitting), at the price of placing new sessions by hash rather than by load.
+    `group_of` (each backend's group) spares a pass over every group's servers: only
+    the servers believed to hold something are looked at."""
     if lookup is None:
         return None
     held: dict[str, float] = {}
-    for g in groups:
-        best = max((lookup.held.get(b.name, 0.0) for b in g.backends if b.healthy), default=0.0)
-        if best > 0:
-            held[g.name] = best
+    holders = [(name, tokens) for name, tokens in lookup.held.items() if tokens > 0]
+    if holders:
+        if group_of is None:
+            group_of = {b.name: g.name for g in groups for b in g.backends}
+        by_name = {g.name: g for g in groups}
+        for name, tokens in holders:
+            group = by_name.get(group_of.get(name, ""))
+            if group is not None and tokens > held.get(group.name, 0.0) and any(
+                    b.name == name and b.healthy for b in group.backends):
+                held[group.name] = tokens
     if session_home and not held and session is not None:
         home = home_group(session, [g.name for g in groups if g.any_healthy])
         if home is not None and lookup.prompt_tokens > 0:

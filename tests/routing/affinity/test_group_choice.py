@@ -54,6 +54,10 @@ def test_group_affinity_takes_each_groups_best_healthy_server() -> None:
     lookup = Lookup({"g0-base": 9000.0, "g0-eagle": 100.0, "g1-base": 50.0}, 10_000.0)
     a = group_affinity(lookup, groups, None, PRICES)
     assert a is not None and dict(a.held) == {"g0": 100.0, "g1": 50.0}
+    # the router passes each backend's group, so that only the holders are looked at
+    group_of = {b.name: g.name for g in groups for b in g.backends}
+    again = group_affinity(lookup, groups, None, PRICES, group_of=group_of)
+    assert again is not None and dict(again.held) == dict(a.held)
 
 
 def test_with_session_home_a_new_session_is_priced_as_held_by_its_home_group() -> None:

@@ -166,8 +166,7 @@ def test_a_session_key_keeps_a_conversation_whose_history_was_rewritten() -> Non
 
 def test_the_router_bounds_each_index_by_the_reported_kv_pool() -> None:
     router, _ = make(SETTINGS)
-    router.monitor.view.publish("g0-e", EngineSample(0, 0, 0.0, kv_tokens=256 * 40))
-    router.choose(turn(0, 0))
+    router.monitor._publish_sample("g0-e", EngineSample(0, 0, 0.0, kv_tokens=256 * 40))
     blocks = router.live_view()["affinity"]["index_blocks"]
     assert blocks["g0-e"]["capacity"] == 40
     assert blocks["g1-e"]["capacity"] == SETTINGS.cache_tokens // 256
