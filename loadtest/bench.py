@@ -26,7 +26,7 @@ from loadtest.metrics import write_json
 from loadtest.scenarios import agentic, openloop, overhead, peer, sweep, trace
 
 SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "agentic", "overhead",
-             "overhead-eagle", "peer")
+             "overhead-eagle", "overhead-pools", "peer")
 
 # Per-profile simulator time scale of the sweep: h200-llama3-8b relays ~5,000 chunks/s at
 # concurrency 64 at time scale 1; at 0.1 that would be 50,000/s, far beyond 2 cores.
@@ -122,10 +122,12 @@ EAGLE_REGIME_STREAMS = 8
 
 
 def overhead_settings(args: argparse.Namespace, out: Path,
-                      eagle_regime: bool = False) -> overhead.OverheadSettings:
-    s = overhead.OverheadSettings(out_dir=str(out))
-    if eagle_regime:
-        s.eagle_regime, s.rates, s.concurrency = True, False, EAGLE_REGIME_STREAMS
+                      servers: str = overhead.ONE_SERVER) -> overhead.OverheadSettings:
+    s = overhead.OverheadSettings(out_dir=str(out), servers=servers)
+    if servers != overhead.ONE_SERVER:
+        s.rates = False
+    if servers == overhead.EAGLE_REGIME:
+        s.concurrency = EAGLE_REGIME_STREAMS
     if args.quick:
         s.concurrency, s.rounds, s.seconds, s.rate_seconds, s.rate_concurrency = (
             20, 1, 1.5, 1.5, 32)
@@ -160,7 +162,10 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
          lambda: {"scenario": "overhead", **overhead.measure(overhead_settings(args, out))}),
         ("overhead-eagle", "overhead-eagle",
          lambda: {"scenario": "overhead", **overhead.measure(
-             overhead_settings(args, out, eagle_regime=True))}),
+             overhead_settings(args, out, overhead.EAGLE_REGIME))}),
+        ("overhead-pools", "overhead-pools",
+         lambda: {"scenario": "overhead", **overhead.measure(
+             overhead_settings(args, out, overhead.TWO_POOLS))}),
         ("peer", "peer", lambda: _peer(args, out)),
     ]
     for name, key, job in jobs:
@@ -204,7 +209,7 @@ def load_results(folder: Path) -> dict[str, Any]:
     """The scenario results a previous run wrote (same keys as `run_all`)."""
     results: dict[str, Any] = {}
     keys = ["sweep", *(f"trace:{spec['trace']}" for spec in TRACES.values()), "openloop",
-            "agentic", "overhead", "overhead-eagle", "peer"]
+            "agentic", "overhead", "overhead-eagle", "overhead-pools", "peer"]
     for key in keys:
         path = folder / f"{key.replace(':', '-')}.json"
         if path.is_file():

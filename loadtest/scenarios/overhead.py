@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,11 +61,13 @@ class OverheadSettings:
     out_dir: str | None = None
     # extra router environment, e.g. {"SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
     router_env: dict[str, str] = field(default_factory=dict)
-    # The router also gets the group's other engine as its baseline server and a policy
-    # that keeps the group in the EAGLE-3 regime: every request then waits the arrival
-    # window (a burst could flip it), so this measures what the window costs a request
-    # sent to EAGLE-3. With one server there is nothing to flip to and nothing waits.
-    eagle_regime: bool = False
+    # The router's servers (`SERVERS`): the engine alone, where there is nothing to
+    # decide and nothing waits; or the group's two engines as a deployment has them,
+    # either under a policy that keeps the group in the EAGLE-3 regime (every request
+    # then waits the arrival window, since a burst could flip it: what the window costs
+    # a request sent to EAGLE-3) or under the default policy (the online strategy's
+    # decision on every request).
+    servers: str = "one"
     rates: bool = True  # also measure the highest request rate
 
 
@@ -92,16 +95,24 @@ def one_backend(url: str) -> list[dict[str, str]]:
 
 EAGLE_REGIME_POLICY = {"mode": "auto", "strategy": "threshold", "switch_up": 1000.0,
                        "switch_down": 999.0}
+ONE_SERVER, EAGLE_REGIME, TWO_POOLS = "one", "eagle-regime", "two-pools"
+SERVERS = (ONE_SERVER, EAGLE_REGIME, TWO_POOLS)
 
 
 def start_specrouter(stack: Stack, engine_url: str, env: dict[str, str] | None = None,
-                     spare_url: str | None = None) -> tuple[str, int]:
+                     spare_url: str | None = None, policy: dict[str, Any] | None = None,
+                     engine_pool: str = "eagle") -> tuple[str, int]:
+    """The router in front of `engine_url` (declared `engine_pool`), with `spare_url` as
+    the group's other pool when given, under `policy` (None: the default)."""
     backends = one_backend(engine_url)
+    backends[0]["pool"] = engine_pool
     env = dict(env or {})
     if spare_url is not None:
-        backends.append({"name": "gpu0-spare", "url": spare_url, "pool": "baseline",
+        backends.append({"name": "gpu0-spare", "url": spare_url,
+                         "pool": "eagle" if engine_pool == "baseline" else "baseline",
                          "group": "gpu0"})
-        env.setdefault("SPECROUTER_POLICY", json.dumps(EAGLE_REGIME_POLICY))
+    if policy is not None:
+        env.setdefault("SPECROUTER_POLICY", json.dumps(policy))
     router = stack.router(backends, env=env)
     return router.url, router.child.pid
 
@@ -140,6 +151,7 @@ def added_latency(s: OverheadSettings, shape: RequestShape, direct_url: str,
         "errors_direct": len(direct) - len(ok_direct),
         "errors_router": len(routed) - len(ok_routed),
         "router_cpu_ms_per_request": router_cpu / max(1, len(ok_routed)) * 1e3,
+        "router_pools": dict(Counter(x.pool for x in ok_routed if x.pool)),
     }
     for metric in ("ttft", "ttfb"):
         d = [v for x in ok_direct if (v := getattr(x, metric)) is not None]
@@ -207,8 +219,14 @@ def measure(s: OverheadSettings, starter: RouterStarter | None = None,
         engine = sim.urls()[s.pool]
         spare = next(u for p, u in sim.urls().items() if p != s.pool)
         model = served_model(engine)
+        if s.servers not in SERVERS:
+            raise ValueError(f"servers must be one of {SERVERS}, not {s.servers!r}")
+        # two pools under the default policy: each engine declared as what it is, and
+        # direct goes to the one a loaded group is on (`s.pool`, the baseline)
         url, pid = (starter(stack, engine) if starter is not None else start_specrouter(
-            stack, engine, s.router_env, spare if s.eagle_regime else None))
+            stack, engine, s.router_env, None if s.servers == ONE_SERVER else spare,
+            EAGLE_REGIME_POLICY if s.servers == EAGLE_REGIME else None,
+            s.pool if s.servers == TWO_POOLS else "eagle"))
         shape = RequestShape(model, s.input_tokens, s.output_tokens)
         result: dict[str, Any] = {
             "settings": asdict(s),
