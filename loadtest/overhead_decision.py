@@ -14,7 +14,11 @@ to one server and take none of this path.
 
 `--groups 1,4,16,64` measures the same with that many groups (two servers each), every
 server's telemetry read anew every 50 requests as polls would bring it, the window off:
-how a decision's cost grows with the cluster a router fronts.
+how a decision's cost grows with the cluster a router fronts. `--held N` first sends N
+requests to the group and keeps them, so that the measured ones meet a loaded group
+(past the crossover: the baseline regime, where the window's dry run lets every
+request through); the group's sustained load then follows within half a second
+(`telemetry.sustained_s` 0.05 s instead of 5 s).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import asyncio
 import time
 from dataclasses import replace
+from typing import Any
 
 from specrouter.assembly import build_product
 from specrouter.config import AffinitySettings, Settings
@@ -36,6 +41,8 @@ from specrouter.routing.router import RequestInfo
 EAGLE_STEPS = ((1, 37.4), (2, 46.1), (3, 50.4))
 BASELINE_RATIO = 1.8
 PROMPT_BYTES = 5000
+# with `--held`: the sustained load's time constant, and the wait for it to follow
+HELD_SUSTAINED_S, HELD_SETTLE_S = 0.05, 0.5
 
 
 def servers(groups: int) -> list[dict[str, str]]:
@@ -45,11 +52,15 @@ def servers(groups: int) -> list[dict[str, str]]:
             for g in range(groups) for k, pool in enumerate(("eagle", "baseline"))]
 
 
-def taught_router(window_ms: float, groups: int = 1) -> LoadAwareRouter:
+def taught_router(window_ms: float, groups: int = 1,
+                  sustained_s: float | None = None) -> LoadAwareRouter:
     """The router `build_product` assembles for `serve` (never started: no health checks,
     polls or probes run), taught the windows by hand."""
-    settings = Settings.model_validate({"backends": servers(groups),
-                                        "admission": {"arrival_window_ms": window_ms}})
+    raw: dict[str, Any] = {"backends": servers(groups),
+                           "admission": {"arrival_window_ms": window_ms}}
+    if sustained_s is not None:
+        raw["telemetry"] = {"sustained_s": sustained_s}
+    settings = Settings.model_validate(raw)
     router = build_product(settings).router
     assert isinstance(router, LoadAwareRouter)
     monitor = router.monitor
@@ -77,12 +88,17 @@ def request() -> RequestInfo:
 
 
 async def cpu_per_request(router: LoadAwareRouter, requests: int = 2000,
-                          readings_every: int = 0) -> tuple[float, str]:
+                          readings_every: int = 0, held: int = 0) -> tuple[float, str]:
     """CPU seconds per request, and the last request's reason. With `readings_every`,
-    every server publishes a fresh reading before each such run of requests."""
+    every server publishes a fresh reading before each such run of requests; `held`
+    requests are sent first and kept."""
     info = request()
     reason = ""
     monitor = router.monitor
+    for _ in range(held):
+        router.acquire(router.choose(info))
+    if held:
+        await asyncio.sleep(HELD_SETTLE_S)
     names = tuple(monitor.view.backends)
     started = time.process_time()
     for k in range(requests):
@@ -102,16 +118,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m loadtest.overhead_decision")
     parser.add_argument("--groups", default="", metavar="N,N,...",
                         help="group counts to measure, the arrival window off")
-    counts = [int(n) for n in parser.parse_args().groups.split(",") if n]
+    parser.add_argument("--held", type=int, default=0, metavar="N",
+                        help="requests kept on the group before the measured ones")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.groups.split(",") if n]
+    sustained = HELD_SUSTAINED_S if args.held else None
     for _ in range(2):
         if counts:
             for groups in counts:
                 seconds, reason = asyncio.run(cpu_per_request(
-                    taught_router(0.0, groups), readings_every=50))
+                    taught_router(0.0, groups, sustained), readings_every=50,
+                    held=args.held))
                 print(f"{groups} groups: {seconds * 1e6:.0f} us CPU per request ({reason})")
             continue
         for label, window_ms in (("arrival window 2 ms", 2.0), ("no arrival window", 0.0)):
-            seconds, reason = asyncio.run(cpu_per_request(taught_router(window_ms)))
+            seconds, reason = asyncio.run(cpu_per_request(
+                taught_router(window_ms, sustained_s=sustained), held=args.held))
             print(f"{label}: {seconds * 1e6:.0f} us CPU per request ({reason})")
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specrouter.backends import POOL_HEADER, Backend, Pool, other_pool
@@ -52,6 +53,21 @@ from specrouter.routing.strategies.registry import STRATEGIES
 
 _ARRIVING = "(arriving)"
 _NO_HINTS = Hints()  # immutable: one for every request that gives none
+#: How old a dry run's decision may be for `choose` to take it (it follows at once).
+DRY_RUN_REUSE_S = 1e-3
+
+
+@dataclass(frozen=True)
+class _DryRun:
+    """The arrival window's dry-run decision for the least loaded group (`group`),
+    decided on `views` with the group's `state` and `policy` at `at`."""
+
+    views: tuple[GroupView, ...]
+    group: str
+    state: GroupState
+    policy: Policy
+    at: float
+    decision: Decision
 
 
 class DecisionMetrics(Protocol):
@@ -108,6 +124,8 @@ class LoadAwareRouter:
         self._recall_unstarted = admission.recall_unstarted
         self._handover_tokens = admission.handover_max_tokens
         self._recalls = RecallRegistry()
+        # the dry run of the request `settle` let through without a wait, for its `choose`
+        self._dry: _DryRun | None = None
         self._states = {g: GroupState() for g in monitor.view.group_names()}
         monitor.on_accept = self._fold_accept
         self._affinity: AffinityTracker | None = None
@@ -213,15 +231,22 @@ class LoadAwareRouter:
         groups = self.monitor.groups(now, sustained=False)
         models: dict[str, GroupCostModel | None] = {}  # one model build per group
         alone = self._dry_run(policy, self._with_arrivals(groups), now, models)
-        if alone is None or not (alone.pool == "eagle" or alone.probe_tokens is not None):
+        if alone is None:
+            return False
+        first = alone.decision
+        if not (first.pool == "eagle" or first.probe_tokens is not None):
+            self._dry = alone  # nothing waits: `choose` follows at once
             return False
         burst = self._arrivals.plausible_burst()
         crowded = self._dry_run(policy, self._with_arrivals(groups, burst), now, models)
-        return (crowded is None or crowded.pool != alone.pool
-                or (crowded.probe_tokens is None) != (alone.probe_tokens is None))
+        if (crowded is None or crowded.decision.pool != first.pool
+                or (crowded.decision.probe_tokens is None) != (first.probe_tokens is None)):
+            return True
+        self._dry = alone
+        return False
 
     def _dry_run(self, policy: Policy, groups: tuple[GroupView, ...], now: float,
-                 models: dict[str, GroupCostModel | None]) -> Decision | None:
+                 models: dict[str, GroupCostModel | None]) -> _DryRun | None:
         """The decision for the least loaded live group with a healthy baseline backend,
         not kept; None where there is none. `models` memoises the groups' cost models."""
         live = [g for g in groups if g.any_healthy]
@@ -233,11 +258,25 @@ class LoadAwareRouter:
         group = self.monitor.with_sustained(group, now)
         if group.name not in models:
             models[group.name] = self._cost_models.get(group.name)
+        state = self._states[group.name]
         try:
-            return decide(policy, group, self._states[group.name], Hints(), now,
-                          models[group.name])
+            decision = decide(policy, group, state, _NO_HINTS, now, models[group.name])
         except NoHealthyPool:
             return None
+        return _DryRun(groups, group.name, state, policy, now, decision)
+
+    def _dry_decision(self, views: tuple[GroupView, ...], group: str, policy: Policy,
+                      now: float) -> Decision | None:
+        """The dry run `settle` just made, when it is the decision `decide` gives this
+        request: taken on the same views (no count, reading or health changed), for the
+        same group, state and policy, a moment ago. A request the window let through
+        reaches `choose` without yielding to another task, so its group is decided once."""
+        dry, self._dry = self._dry, None
+        if (dry is None or dry.views is not views or dry.group != group
+                or dry.state is not self._states[group] or dry.policy is not policy
+                or not 0.0 <= now - dry.at <= DRY_RUN_REUSE_S):
+            return None
+        return dry.decision
 
     def _with_arrivals(self, groups: tuple[GroupView, ...],
                        expected: int = 0) -> tuple[GroupView, ...]:
@@ -276,8 +315,12 @@ class LoadAwareRouter:
         if group is None:
             raise NoBackendAvailable("no healthy backend in any GPU group")
         group = self.monitor.with_sustained(group, now)
-        decision = decide(policy, group, self._states[group.name], self._hints(policy, request),
-                          now, self._cost_models.get(group.name))
+        hints = self._hints(policy, request)
+        decision = (self._dry_decision(groups, group.name, policy, now)
+                    if hints is _NO_HINTS else None)
+        if decision is None:
+            decision = decide(policy, group, self._states[group.name], hints, now,
+                              self._cost_models.get(group.name))
         held = lookup.held if lookup is not None else {}
         if request.handed_over:
             decision = follow_group(decision, self._states[group.name])

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from specrouter.control.holder import LocalPolicyHolder
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.observe.health import HealthChecker
 from specrouter.observe.loadview import EngineSample
+from specrouter.routing import loadaware
 from specrouter.routing.loadaware import InvalidPoolHeader, LoadAwareRouter
 from specrouter.routing.monitor import BackendMonitor
 from specrouter.routing.policy import Policy
@@ -316,3 +319,47 @@ def test_no_recall_for_non_streams_overrides_overflow_or_when_off() -> None:
     overflow, _ = make(ONE_GROUP, recall=True, strategy="overflow", eagle_cap=1,
                        load_signal="inflight")
     assert admit(overflow, STREAM).recall is None
+
+
+def test_a_request_the_window_lets_through_is_decided_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`choose` takes the window's dry run for the request `settle` let through at once,
+    and decides anew wherever anything changed since, or time passed."""
+    calls: list[str] = []
+    real = loadaware.decide
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        decision = real(*args, **kwargs)
+        calls.append(decision.reason)
+        return decision
+
+    monkeypatch.setattr(loadaware, "decide", counted)
+    busy, clock = make(ONE_GROUP, window_s=0.5, switch_up=2, switch_down=1,
+                       allow_client_override=True)
+    for _ in range(3):
+        admit(busy)  # the baseline regime: the window never waits
+    calls.clear()
+
+    async def settle_then_choose(between: Callable[[], None] = lambda: None) -> Target:
+        await busy.settle(CHAT)
+        between()
+        return busy.choose(CHAT)
+
+    target = asyncio.run(settle_then_choose())
+    assert (target.pool, target.reason) == ("baseline", "above_switch_up")
+    assert calls == ["above_switch_up"]  # the dry run's decision, taken by `choose`
+    assert busy.choose(CHAT).reason == target.reason and len(calls) == 2  # decided anew
+    for change in (lambda: busy.acquire(target),  # a count changed the views
+                   lambda: setattr(clock, "now", clock.now + 0.01)):  # time passed
+        calls.clear()
+        asyncio.run(settle_then_choose(change))
+        assert len(calls) == 2
+    calls.clear()
+    # a client's pool header is a hint the dry run did not have
+    pinned = asyncio.run(settle_then_choose_with(busy, replace(CHAT, pool_header="eagle")))
+    assert len(calls) == 2 and pinned.reason == "client_override"
+
+
+async def settle_then_choose_with(router: LoadAwareRouter, request: RequestInfo) -> Target:
+    await router.settle(CHAT)
+    return router.choose(request)
