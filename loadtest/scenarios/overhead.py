@@ -37,6 +37,11 @@ P99_TARGET_MS = 5.0
 SIM_PROFILE_DIR = Path(__file__).resolve().parents[2] / "specrouter" / "sim" / "profiles"
 
 
+# What the router fronts in a measurement (`OverheadSettings.servers`).
+ONE_SERVER, EAGLE_REGIME, TWO_POOLS = "one", "eagle-regime", "two-pools"
+SERVERS = (ONE_SERVER, EAGLE_REGIME, TWO_POOLS)
+
+
 @dataclass
 class OverheadSettings:
     concurrency: int = 100
@@ -67,7 +72,7 @@ class OverheadSettings:
     # then waits the arrival window, since a burst could flip it: what the window costs
     # a request sent to EAGLE-3) or under the default policy (the online strategy's
     # decision on every request).
-    servers: str = "one"
+    servers: str = ONE_SERVER
     rates: bool = True  # also measure the highest request rate
 
 
@@ -95,10 +100,6 @@ def one_backend(url: str) -> list[dict[str, str]]:
 
 EAGLE_REGIME_POLICY = {"mode": "auto", "strategy": "threshold", "switch_up": 1000.0,
                        "switch_down": 999.0}
-ONE_SERVER, EAGLE_REGIME, TWO_POOLS = "one", "eagle-regime", "two-pools"
-SERVERS = (ONE_SERVER, EAGLE_REGIME, TWO_POOLS)
-
-
 def start_specrouter(stack: Stack, engine_url: str, env: dict[str, str] | None = None,
                      spare_url: str | None = None, policy: dict[str, Any] | None = None,
                      engine_pool: str = "eagle") -> tuple[str, int]:
