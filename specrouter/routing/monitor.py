@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 from specrouter.backends import Backend
@@ -82,8 +81,8 @@ class BackendMonitor:
 
     def group(self, name: str, now: float) -> GroupView:
         """One group with this replica's own counts."""
-        view = self.view.group_view(name, now, lambda n: self.health.healthy(n, now))
-        return replace(view, sustained=self.learning.sustained(name, now))
+        return self.with_sustained(
+            self.view.group_view(name, now, lambda n: self.health.healthy(n, now)), now)
 
     def acquire(self, key: int, backend: str, prefill_tokens: float = 0.0,
                 prompt_tokens: float = 0.0, own: bool = False) -> None:
