@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from specrouter.backends import Backend
 from specrouter.observe.fetch import Answer, TelemetryFetcher
+from specrouter.observe.gauge_text import gauge_samples
 from specrouter.observe.loadview import EngineSample
 from specrouter.observe.local_errors import LocalFailure, RateLimitedLog, local_resource_error
 from specrouter.tasks import cancel_and_wait
@@ -159,26 +159,17 @@ def _series_key(labels: dict[str, str]) -> _SeriesKey | None:
                         if k not in _RANK_COPIES and k != "priority"))
 
 
-def _gauge_lines(text: str) -> str:
-    """The sample lines of `_GAUGES` only: SGLang's /metrics carries dozens of families
-    (histograms with many buckets) the router never reads, and the Prometheus parser's
-    cost grows with every line and label it is handed. Comment lines go too: a sample
-    without its TYPE line parses to the same name, labels and value."""
-    return "\n".join(line for line in text.splitlines()
-                     if line.startswith(_GAUGES)
-                     and line.partition("{")[0].partition(" ")[0] in _GAUGES)
-
-
 def _metric_gauges(text: str) -> dict[str, dict[_SeriesKey, float]]:
-    """Per gauge of `_GAUGES`, one value per batch (rank copies merged by max)."""
+    """Per gauge of `_GAUGES`, one value per batch (rank copies merged by max). Only the
+    lines of `_GAUGES` are read (`gauge_samples`): SGLang's /metrics carries dozens of
+    families the router never reads."""
     gauges: dict[str, dict[_SeriesKey, float]] = {name: {} for name in _GAUGES}
     try:
-        for family in text_string_to_metric_families(_gauge_lines(text)):
-            for s in family.samples:
-                per_batch = gauges.get(s.name)
-                key = _series_key(s.labels) if per_batch is not None else None
-                if per_batch is not None and key is not None:
-                    per_batch[key] = max(per_batch.get(key, s.value), s.value)
+        for name, labels, value in gauge_samples(text, _GAUGES):
+            key = _series_key(labels)
+            if key is not None:
+                per_batch = gauges[name]
+                per_batch[key] = max(per_batch.get(key, value), value)
     except ValueError as exc:
         raise TelemetryParseError(f"/metrics: not Prometheus text ({exc})") from None
     return gauges
