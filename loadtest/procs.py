@@ -245,6 +245,15 @@ class Stack:
         child.wait_http(f"{url}/health")
         return RouterProc(url, child)
 
+    def instant_upstream(self) -> RouterProc:
+        """`loadtest.instant_upstream` on a free port: an upstream that answers at once."""
+        port = free_port()
+        child = self.start(Child("instant upstream", [
+            sys.executable, "-m", "loadtest.instant_upstream", "--port", str(port)]))
+        url = f"http://127.0.0.1:{port}"
+        child.wait_http(f"{url}/health")
+        return RouterProc(url, child)
+
 
 def served_model(base_url: str) -> str:
     """The first model id a server lists (what requests must name)."""

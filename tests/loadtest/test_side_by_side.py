@@ -17,9 +17,10 @@ def _path(cpu: float, req_s: float, added: float | None = None) -> dict[str, Any
     return figures
 
 
-def _level(c: int, ours: float, theirs: float) -> dict[str, Any]:
+def _level(c: int, ours: float, theirs: float, scaling: float = 1.0) -> dict[str, Any]:
     rate = {name: {**_path(0.5, 100.0), "vs_lowest_level": 1.0, "vs_direct": 1.0}
             for name in ("direct", "specrouter", "peer")}
+    rate["specrouter"]["vs_lowest_level"] = scaling
     return {"concurrency": c, "rate": rate,
             "streams": {"direct": _path(1.0, 50.0), "specrouter": _path(ours, 50.0, 0.5),
                         "peer": _path(theirs, 50.0, 0.7)}}
@@ -34,3 +35,13 @@ def test_each_level_is_judged_on_cpu_against_the_peer() -> None:
     verdicts = [line for line in lines if line.startswith("- ")]
     assert "0.80x): met" in verdicts[0]
     assert "1.20x): **missed**" in verdicts[1]
+
+
+def test_throughput_past_the_lowest_level_is_judged_against_0_9x() -> None:
+    result = {"paths": ["direct", "specrouter", "peer"],
+              "levels": [_level(16, 0.4, 0.5), _level(100, 0.4, 0.5, scaling=0.95),
+                         _level(400, 0.4, 0.5, scaling=0.85)]}
+    verdicts = [line for line in side_by_side_lines(result) if line.startswith("- ")]
+    assert "target" not in verdicts[0]  # the lowest level is the reference
+    assert verdicts[1].endswith("0.95x the lowest level's (target >= 0.9x): met")
+    assert verdicts[2].endswith("0.85x the lowest level's (target >= 0.9x): **missed**")

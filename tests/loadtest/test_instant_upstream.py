@@ -1,0 +1,32 @@
+"""The instant upstream answers a streamed chat completion at once, directly and through
+the router, as the openai client reads it."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+
+from loadtest.instant_upstream import MODEL
+from loadtest.procs import Stack
+
+
+def _stream(base_url: str) -> tuple[str, str | None]:
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+    text, finish = "", None
+    for chunk in client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True,
+            max_tokens=1):
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    return text, finish
+
+
+def test_a_streamed_completion_directly_and_through_the_router() -> None:
+    with Stack() as stack:
+        upstream = stack.instant_upstream()
+        assert _stream(upstream.url) == ("a", "length")
+        router = stack.router([{"name": "instant", "url": upstream.url, "pool": "baseline",
+                                "group": "g"}])
+        assert _stream(router.url) == ("a", "length")
+        assert httpx.get(f"{upstream.url}/v1/models").json()["data"][0]["id"] == MODEL
