@@ -1,10 +1,13 @@
-"""An upstream that answers at once: what a router's own request rate is measured against.
+"""An upstream that answers at once: what a router's own costs are measured against.
 
-    python -m loadtest.instant_upstream --port 8000
+    python -m loadtest.instant_upstream --port 8000 [--chunks 16 --gap-ms 10]
 
-Every POST to /v1/chat/completions is answered with one whole streamed completion of one
-token (an OpenAI chunk, a finish chunk, `data: [DONE]`, chunked), written in one piece
-as soon as the request's last byte is read; GET /v1/models lists the model `instant`;
+Every POST to /v1/chat/completions is answered with a streamed completion of `--chunks`
+tokens, one OpenAI chunk each, then a finish chunk and `data: [DONE]` (chunked): with one
+chunk and no gap the whole answer is written in one piece as soon as the request's last
+byte is read; otherwise the head and the first chunk are, and each further chunk follows
+`--gap-ms` later (a near-free engine streaming at a fixed pace). GET /v1/models lists the
+model `instant`;
 GET /health answers 200; everything else 404 (so a router reads no telemetry from it
 and counts its own in-flight requests). One process on uvloop with httptools: a few tens
 of microseconds of CPU per request, so that with the load generator and a router on the
@@ -32,14 +35,20 @@ def _event(payload: object) -> bytes:
     return b"%x\r\n%b\n\n\r\n" % (len(data) + 2, data)
 
 
-STREAM = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-    b"transfer-encoding: chunked\r\n\r\n"
-    + _event({**_CHUNK, "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"},
-                                     "finish_reason": None}]})
-    + _event({**_CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
-              "usage": {"prompt_tokens": 16, "completion_tokens": 1, "total_tokens": 17}})
-    + _event(b"[DONE]") + b"0\r\n\r\n")
+HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
+        b"transfer-encoding: chunked\r\n\r\n")
+FIRST = _event({**_CHUNK, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                              "content": "a"},
+                                       "finish_reason": None}]})
+TOKEN = _event({**_CHUNK, "choices": [{"index": 0, "delta": {"content": "a"},
+                                       "finish_reason": None}]})
+
+
+def _end(tokens: int) -> bytes:
+    return (_event({**_CHUNK, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 16, "completion_tokens": tokens,
+                              "total_tokens": 16 + tokens}})
+            + _event(b"[DONE]") + b"0\r\n\r\n")
 
 
 def _json(body: object) -> bytes:
@@ -48,8 +57,8 @@ def _json(body: object) -> bytes:
             % (len(data), data))
 
 
+COMPLETIONS = (b"POST", b"/v1/chat/completions")
 ANSWERS = {
-    (b"POST", b"/v1/chat/completions"): STREAM,
     (b"GET", b"/v1/models"): _json({"object": "list", "data": [
         {"id": MODEL, "object": "model", "created": 0, "owned_by": "loadtest"}]}),
     (b"GET", b"/health"): b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
@@ -58,7 +67,9 @@ NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
 
 
 class InstantProtocol(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, chunks: int, gap_s: float) -> None:
+        self.chunks, self.gap_s = chunks, gap_s
+        self.whole = HEAD + FIRST + TOKEN * (chunks - 1) + _end(chunks) if gap_s <= 0 else b""
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.url = b""
@@ -81,16 +92,45 @@ class InstantProtocol(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         assert self.transport is not None
-        method = self.parser.get_method()
-        path = self.url.partition(b"?")[0]
-        self.transport.write(ANSWERS.get((method, path), NOT_FOUND))
+        asked = (self.parser.get_method(), self.url.partition(b"?")[0])
+        if asked != COMPLETIONS:
+            self._last(ANSWERS.get(asked, NOT_FOUND))
+        elif self.whole:
+            self._last(self.whole)
+        else:
+            self.transport.write(HEAD + FIRST)
+            self._next(1, self.parser.should_keep_alive())
+
+    def _next(self, sent: int, keep_alive: bool) -> None:
+        """The chunk after `sent` ones, `gap_s` from now (the end after the last)."""
+        loop = asyncio.get_running_loop()
+        if sent < self.chunks:
+            loop.call_later(self.gap_s, self._chunk, sent, keep_alive)
+        else:
+            loop.call_later(self.gap_s, self._finish, keep_alive)
+
+    def _chunk(self, sent: int, keep_alive: bool) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(TOKEN)
+            self._next(sent + 1, keep_alive)
+
+    def _finish(self, keep_alive: bool) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(_end(self.chunks))
+            if not keep_alive:
+                self.transport.close()
+
+    def _last(self, answer: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(answer)
         if not self.parser.should_keep_alive():
             self.transport.close()
 
 
-async def serve(host: str, port: int) -> None:
+async def serve(host: str, port: int, chunks: int, gap_s: float) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(InstantProtocol, host, port, backlog=2048)
+    server = await loop.create_server(lambda: InstantProtocol(chunks, gap_s), host, port,
+                                      backlog=2048)
     async with server:
         await server.serve_forever()
 
@@ -99,8 +139,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--chunks", type=int, default=1, help="tokens per streamed answer")
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="between streamed tokens")
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port))
+    if args.chunks < 1 or args.gap_ms < 0:
+        parser.error("--chunks must be at least 1 and --gap-ms at least 0")
+    uvloop.run(serve(args.host, args.port, args.chunks, args.gap_ms / 1e3))
 
 
 if __name__ == "__main__":

@@ -245,11 +245,13 @@ class Stack:
         child.wait_http(f"{url}/health")
         return RouterProc(url, child)
 
-    def instant_upstream(self) -> RouterProc:
-        """`loadtest.instant_upstream` on a free port: an upstream that answers at once."""
+    def instant_upstream(self, chunks: int = 1, gap_ms: float = 0.0) -> RouterProc:
+        """`loadtest.instant_upstream` on a free port: an upstream that answers at once
+        (streams of `chunks` tokens, `gap_ms` apart)."""
         port = free_port()
         child = self.start(Child("instant upstream", [
-            sys.executable, "-m", "loadtest.instant_upstream", "--port", str(port)]))
+            sys.executable, "-m", "loadtest.instant_upstream", "--port", str(port),
+            "--chunks", str(chunks), "--gap-ms", repr(gap_ms)]))
         url = f"http://127.0.0.1:{port}"
         child.wait_http(f"{url}/health")
         return RouterProc(url, child)

@@ -22,6 +22,12 @@ def _stream(base_url: str) -> tuple[str, str | None]:
     return text, finish
 
 
+def test_a_paced_stream_sends_every_token() -> None:
+    with Stack() as stack:
+        upstream = stack.instant_upstream(chunks=16, gap_ms=2.0)
+        assert _stream(upstream.url) == ("a" * 16, "length")
+
+
 def test_a_streamed_completion_directly_and_through_the_router() -> None:
     with Stack() as stack:
         upstream = stack.instant_upstream()

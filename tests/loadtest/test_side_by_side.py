@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.scenarios.overhead import side_by_side_lines
+import pytest
+
+from loadtest.metrics import RequestResult
+from loadtest.scenarios.overhead import OverheadSettings, _path_figures, side_by_side_lines
 
 
 def _path(cpu: float, req_s: float, added: float | None = None) -> dict[str, Any]:
@@ -45,3 +48,15 @@ def test_throughput_past_the_lowest_level_is_judged_against_0_9x() -> None:
     assert "target" not in verdicts[0]  # the lowest level is the reference
     assert verdicts[1].endswith("0.95x the lowest level's (target >= 0.9x): met")
     assert verdicts[2].endswith("0.85x the lowest level's (target >= 0.9x): **missed**")
+
+
+def test_the_latency_of_a_phase_s_starting_burst_is_left_out_but_its_cpu_counted() -> None:
+    # A phase starts all its users at once; the requests of its first settle_s queue
+    # behind each other and would set the p99. They still ran, so CPU and rate count them.
+    s = OverheadSettings(settle_s=0.5)
+    burst = [RequestResult(start=0.01 * i, ok=True, ttft=0.030) for i in range(10)]
+    steady = [RequestResult(start=0.5 + 0.1 * i, ok=True, ttft=0.002) for i in range(90)]
+    figures = _path_figures(burst + steady, cpu_s=0.1, seconds=10.0, s=s)
+    assert figures["ttft_p99_ms"] == pytest.approx(2.0)
+    assert figures["requests"] == 100 and figures["req_s"] == pytest.approx(10.0)
+    assert figures["cpu_ms_per_request"] == pytest.approx(1.0)
