@@ -6,14 +6,14 @@ Every POST to /v1/chat/completions is answered with a streamed completion of `--
 tokens, one OpenAI chunk each, then a finish chunk and `data: [DONE]` (chunked): with one
 chunk and no gap the whole answer is written in one piece as soon as the request's last
 byte is read; otherwise the head and the first chunk are, and each further chunk follows
-`--gap-ms` later (a near-free engine streaming at a fixed pace). GET /v1/models lists the
-model `instant`;
-GET /health answers 200; everything else 404 (so a router reads no telemetry from it
-and counts its own in-flight requests). One process on uvloop with httptools: a few tens
-of microseconds of CPU per request, so that with the load generator and a router on the
-same host the router is what runs out of CPU first (the simulator's own HTTP server and
-step loop cost more per request than a router, and its throughput moves with the number
-of connections: docs/router.md section 6).
+`--gap-ms` later (a near-free engine streaming at a fixed pace). The request's body is not
+read, and a connection serves one request at a time (no pipelining). GET /v1/models
+lists the model `instant`; GET /health answers 200; everything else 404 (so a router
+reads no telemetry from it and counts its own in-flight requests). One process on uvloop
+with httptools, 13-18 us of CPU a request (the bench's direct rows), so that with the load
+generator and a router on the same host the router is what runs out of CPU first (the
+simulator's own HTTP server and step loop cost more per request than a router, and its
+throughput moves with the number of connections: docs/router.md section 6).
 """
 
 from __future__ import annotations
