@@ -225,13 +225,17 @@ class CostProber:
 
     async def _first(self, group: str) -> None:
         """Each due pool read once, by this replica or, while another replica holds the
-        group's lock or its probe keeps the group busy, by that one."""
+        group's lock or its probe keeps the group busy, by that one. A pool the group
+        has no server of is never due here: nothing could read it, and waiting for it
+        would hold the router's start-up for all of `startup_wait_s`."""
         while True:
             view = self._group(group)
             if all(b.healthy for b in view.backends):
                 break
             await asyncio.sleep(_WATCH_S * 10)
         for pool in POOLS:
+            if not view.servers(pool):
+                continue
             while self._due(group, pool):
                 if await self.probe(group, pool) not in ("locked", "busy"):
                     break

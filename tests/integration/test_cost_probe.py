@@ -114,3 +114,17 @@ def test_an_unused_pool_is_probed_again_at_the_traffics_context(
     at_context, at_512 = (physics.decode_step_ms(profile, 1, c) for c in (ctx, PROMPT))
     step = baseline["step_ms_at"]["1"]
     assert abs(step - at_context) < abs(step - at_512), (step, at_context, at_512)
+
+
+def test_a_group_without_one_of_the_pools_starts_without_waiting_for_it(
+        sim_group: Any, router: RouterFactory) -> None:
+    # Nothing can read a pool the group has no server of: the start-up probe reads the
+    # pool there is and the router serves, long before a start-up wait of 10 minutes
+    # (the fixture gives it 30 s to answer /health).
+    sim: SimGroup = sim_group(profile=PROFILE, time_scale=0.2)
+    proc = router([{"name": "gpu0-eagle", "url": sim.eagle_url, "pool": "eagle",
+                    "group": "gpu0"}], env={
+        "SPECROUTER_COST_PROBE": json.dumps({"prompt_tokens": PROMPT, "tokens": TOKENS,
+                                             "check_s": 0.1, "startup_wait_s": 600}),
+        "SPECROUTER_HEALTH": json.dumps({"interval_s": 0.1})})
+    assert _learned(proc.url)["probes"] == {"eagle/read": 2}
