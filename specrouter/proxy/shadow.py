@@ -204,6 +204,8 @@ class CostProber:
         self._store: StateStore | None = None if cluster is None else cluster.state.store
         self._task: asyncio.Task[None] | None = None
         self._not_before: dict[tuple[str, Pool], float] = {}
+        # the (group, pool) pairs with a server: a pool without one is never due
+        self._served = {(b.group, b.pool) for b in router.backends}
 
     @classmethod
     def of(cls, router: Router, upstreams: Mapping[str, Upstream],
@@ -225,17 +227,13 @@ class CostProber:
 
     async def _first(self, group: str) -> None:
         """Each due pool read once, by this replica or, while another replica holds the
-        group's lock or its probe keeps the group busy, by that one. A pool the group
-        has no server of is never due here: nothing could read it, and waiting for it
-        would hold the router's start-up for all of `startup_wait_s`."""
+        group's lock or its probe keeps the group busy, by that one."""
         while True:
             view = self._group(group)
             if all(b.healthy for b in view.backends):
                 break
             await asyncio.sleep(_WATCH_S * 10)
         for pool in POOLS:
-            if not view.servers(pool):
-                continue
             while self._due(group, pool):
                 if await self.probe(group, pool) not in ("locked", "busy"):
                     break
@@ -256,6 +254,11 @@ class CostProber:
             await asyncio.sleep(self._settings.check_s)
 
     def _due(self, group: str, pool: Pool) -> bool:
+        """Whether `pool` of `group` wants a reading now. Never for a pool the group has
+        no server of: nothing could read it, and the start-up would wait for it for all
+        of `startup_wait_s` and the background loop try it every `check_s`."""
+        if (group, pool) not in self._served:
+            return False
         if self._monitor.clock() < self._not_before.get((group, pool), float("-inf")):
             return False
         learned = self._monitor.learning.model(group, self._monitor.clock()).pools[pool]
