@@ -28,7 +28,7 @@ from typing import Any
 from loadtest.generator import LoadGenerator
 from loadtest.instant_upstream import MODEL as INSTANT_MODEL
 from loadtest.metrics import RequestResult, percentile, summarize, write_json
-from loadtest.procs import Child, Stack, free_port, served_model
+from loadtest.procs import Child, RouterProc, Stack, free_port, served_model
 from loadtest.promptset import RequestShape, load_prompts
 from loadtest.scenarios.common import CpuWatch, run_async
 
@@ -300,15 +300,16 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
     time (req/s and CPU per request). Direct's CPU is the upstream's. For a level, every
     phase of every path ran within the same minute."""
     with Stack() as stack:
-        paced = stack.instant_upstream(chunks=s.output_tokens, gap_ms=s.stream_gap_ms)
-        instant = stack.instant_upstream()
-        paths = {DIRECT: (paced.url, paced.child.pid),
-                 SPECROUTER: start_specrouter(stack, paced.url, s.router_env)}
-        rate_paths = {DIRECT: (instant.url, instant.child.pid),
-                      SPECROUTER: start_specrouter(stack, instant.url, s.router_env)}
-        if peer is not None:
-            paths[peer[0]] = peer[1](stack, paced.url)
-            rate_paths[peer[0]] = peer[1](stack, instant.url)
+        def paths_to(upstream: RouterProc) -> dict[str, tuple[str, int]]:
+            paths = {DIRECT: (upstream.url, upstream.child.pid),
+                     SPECROUTER: start_specrouter(stack, upstream.url, s.router_env)}
+            if peer is not None:
+                paths[peer[0]] = peer[1](stack, upstream.url)
+            return paths
+
+        paths = paths_to(stack.instant_upstream(chunks=s.output_tokens,
+                                                gap_ms=s.stream_gap_ms))
+        rate_paths = paths_to(stack.instant_upstream())
         shape = RequestShape(INSTANT_MODEL, s.input_tokens, s.output_tokens)
         one_token = RequestShape(INSTANT_MODEL, 16, 1)
         out: list[dict[str, Any]] = []
