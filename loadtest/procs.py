@@ -47,22 +47,24 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) ->
     raise RuntimeError(f"{url} did not answer in {timeout:.0f}s")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and all its children (uvicorn workers),
-    read from /proc through psutil."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of a process and all its children (uvicorn workers),
+    read from /proc through psutil: what it ran itself, and what the kernel ran for it
+    (its system calls, and the loopback TCP work they do)."""
     try:
         proc = psutil.Process(pid)
         procs = [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return 0.0
-    total = 0.0
+        return 0.0, 0.0
+    user = system = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
         except psutil.Error:
             continue
-    return total
+        user += t.user
+        system += t.system
+    return user, system
 
 
 @dataclass

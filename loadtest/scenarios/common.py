@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from loadtest.procs import cpu_seconds
+from loadtest.procs import cpu_times
 from loadtest.promptset import Prompt
 
 T = TypeVar("T")
@@ -37,17 +37,21 @@ class CpuWatch:
     def __post_init__(self) -> None:
         self._wall = time.perf_counter()
         self._own = time.process_time()
-        self._cpu = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self._times = {name: cpu_times(pid) for name, pid in self.pids.items()}
 
     def shares(self) -> dict[str, float]:
         wall = max(1e-9, time.perf_counter() - self._wall)
-        out = {name: round((cpu_seconds(pid) - self._cpu[name]) / wall, 3)
-               for name, pid in self.pids.items()}
+        out = {name: round(self.cpu_used(name) / wall, 3) for name in self.pids}
         out["loadgen"] = round((time.process_time() - self._own) / wall, 3)
         return out
 
+    def times_used(self, name: str) -> tuple[float, float]:
+        """User and system CPU seconds `name` used since the watch began."""
+        (user, system), (user0, system0) = cpu_times(self.pids[name]), self._times[name]
+        return user - user0, system - system0
+
     def cpu_used(self, name: str) -> float:
-        return cpu_seconds(self.pids[name]) - self._cpu[name]
+        return sum(self.times_used(name))
 
 
 SATURATED_CPU_SHARE = 0.85

@@ -253,6 +253,9 @@ def measure(s: OverheadSettings, starter: RouterStarter | None = None,
 
 
 LEVELS = (16, 100, 400)
+# Streams of this many chunks over the same time as the measured ones split a streamed
+# request's CPU into per chunk and per request (`chunk_split`).
+SPLIT_CHUNKS = 2
 DIRECT = "direct"
 SPECROUTER = "specrouter"
 
@@ -263,13 +266,18 @@ def _settled(results: list[RequestResult], s: OverheadSettings) -> list[RequestR
     return [x for x in results if x.start >= s.settle_s]
 
 
-def _path_figures(results: list[RequestResult], cpu_s: float, seconds: float,
+def _path_figures(results: list[RequestResult], cpu: tuple[float, float], seconds: float,
                   s: OverheadSettings) -> dict[str, Any]:
+    """A path's figures over its phases; `cpu` is its process's (user, system) seconds."""
     ok = [x for x in results if x.ok]
     ttft = [x.ttft for x in _settled(ok, s) if x.ttft is not None]
+    done = max(1, len(ok))
+    user, system = cpu
     return {"requests": len(ok), "errors": len(results) - len(ok),
             "req_s": len(ok) / seconds,
-            "cpu_ms_per_request": cpu_s / max(1, len(ok)) * 1e3,
+            "cpu_ms_per_request": (user + system) / done * 1e3,
+            "user_ms_per_request": user / done * 1e3,
+            "sys_ms_per_request": system / done * 1e3,
             "ttft_p50_ms": _ms(ttft, 0.5), "ttft_p99_ms": _ms(ttft, 0.99)}
 
 
@@ -279,15 +287,32 @@ def _rotate(s: OverheadSettings, paths: dict[str, tuple[str, int]], shape: Reque
     """`rounds` phases per path at `concurrency`, the paths in turn; per path its figures
     over all its phases, CPU from its own process."""
     results: dict[str, list[RequestResult]] = {name: [] for name in paths}
-    cpu = dict.fromkeys(paths, 0.0)
+    cpu = {name: (0.0, 0.0) for name in paths}
     for _ in range(rounds):
         for name, (url, pid) in paths.items():
             watch = CpuWatch({name: pid})
             results[name] += run_async(_closed(url, shape, s, concurrency, seconds, name,
                                                think_s))
-            cpu[name] += watch.cpu_used(name)
+            user, system = watch.times_used(name)
+            cpu[name] = (cpu[name][0] + user, cpu[name][1] + system)
     return {name: _path_figures(results[name], cpu[name], rounds * seconds, s)
             for name in paths}
+
+
+def chunk_split(many: dict[str, Any], few: dict[str, Any], chunks: tuple[int, int]
+                ) -> dict[str, float]:
+    """A streamed request's CPU apart into what each chunk costs and what the request
+    costs outside its chunks, user and system, in microseconds: from one path's figures
+    with streams of `chunks[0]` and of `chunks[1]` chunks over the same time (so the
+    same number of requests in flight, which a request's cost depends on)."""
+    n_many, n_few = chunks
+    out: dict[str, float] = {}
+    for kind in ("user", "sys"):
+        a, b = many[f"{kind}_ms_per_request"], few[f"{kind}_ms_per_request"]
+        per_chunk = (a - b) / (n_many - n_few) * 1e3
+        out[f"per_chunk_{kind}_us"] = per_chunk
+        out[f"per_request_{kind}_us"] = b * 1e3 - n_few * per_chunk
+    return out
 
 
 def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
@@ -309,14 +334,29 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
 
         paths = paths_to(stack.instant_upstream(chunks=s.output_tokens,
                                                 gap_ms=s.stream_gap_ms))
+        # the same streams' length in SPLIT_CHUNKS chunks, for the per-chunk split
+        span_ms = (s.output_tokens - 1) * s.stream_gap_ms
+        split_paths = paths_to(stack.instant_upstream(
+            chunks=SPLIT_CHUNKS, gap_ms=span_ms / (SPLIT_CHUNKS - 1)))
         rate_paths = paths_to(stack.instant_upstream())
         shape = RequestShape(INSTANT_MODEL, s.input_tokens, s.output_tokens)
+        split_shape = RequestShape(INSTANT_MODEL, s.input_tokens, SPLIT_CHUNKS)
         one_token = RequestShape(INSTANT_MODEL, 16, 1)
         out: list[dict[str, Any]] = []
+        split: dict[str, Any] = {}
         for concurrency in levels:
             for url, _ in paths.values():
                 run_async(_closed(url, shape, s, concurrency, 1.0, "warm"))
             streams = _rotate(s, paths, shape, concurrency, s.rounds, s.seconds, s.think_s)
+            if concurrency == s.concurrency:
+                for url, _ in split_paths.values():
+                    run_async(_closed(url, split_shape, s, concurrency, 1.0, "warm"))
+                few = _rotate(s, split_paths, split_shape, concurrency, s.rounds, s.seconds,
+                              s.think_s)
+                chunks = (s.output_tokens, SPLIT_CHUNKS)
+                split = {"concurrency": concurrency, "chunks": list(chunks),
+                         "paths": {name: chunk_split(streams[name], few[name], chunks)
+                                   for name in streams}}
             direct = streams[DIRECT]
             for name, figures in streams.items():
                 if name != DIRECT:
@@ -334,7 +374,7 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
             figures["vs_lowest_level"] = figures["req_s"] / max(1e-9, base[name]["req_s"])
             figures["vs_direct"] = figures["req_s"] / max(1e-9, level["rate"][DIRECT]["req_s"])
     return {"settings": asdict(s), "levels": out, "paths": list(paths),
-            "upstream": "instant"}
+            "upstream": "instant", "chunk_split": split}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -391,15 +431,17 @@ def side_by_side_lines(result: dict[str, Any]) -> list[str]:
              "its own scaling with connections.",
              "",
              "| connections | router | added TTFT p50 ms | added TTFT p99 ms | CPU ms/request "
-             "| stream req/s | 1-token req/s | 1-token CPU ms/request | its CPU cores "
-             "| vs lowest level | vs direct | errors |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| of it user / sys | stream req/s | 1-token req/s | 1-token CPU ms/request "
+             "| its CPU cores | vs lowest level | vs direct | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for level in levels:
         for name in [DIRECT, *routers]:
             st, rt = level["streams"][name], level["rate"][name]
             lines.append(
                 f"| {level['concurrency']} | {name} | {_num(st.get('added_p50_ms'), 3)} | "
                 f"{_num(st.get('added_p99_ms'), 3)} | {_num(st['cpu_ms_per_request'], 3)} | "
+                f"{_num(st.get('user_ms_per_request'), 3)} / "
+                f"{_num(st.get('sys_ms_per_request'), 3)} | "
                 f"{_num(st['req_s'], 1)} | {_num(rt['req_s'], 1)} | "
                 f"{_num(rt['cpu_ms_per_request'], 3)} | "
                 f"{_num(rt['req_s'] * rt['cpu_ms_per_request'] / 1e3)} | "
@@ -420,4 +462,26 @@ def side_by_side_lines(result: dict[str, Any]) -> list[str]:
                          f"({ours / max(1e-9, theirs):.2f}x): {met}; specrouter 1-token "
                          f"throughput {scaling:.2f}x the lowest level's{judged}")
         lines.append("")
-    return lines
+    return lines + _chunk_split_lines(result.get("chunk_split") or {}, routers)
+
+
+def _chunk_split_lines(split: dict[str, Any], routers: list[str]) -> list[str]:
+    """The table of `chunk_split`: each router's CPU per chunk and per request outside
+    its chunks, user and system."""
+    if not split:
+        return []
+    many, few = split["chunks"]
+    lines = [f"Where a streamed request's CPU goes, at {split['concurrency']} connections: "
+             f"the streams above against streams of {few} chunks over the same time (the "
+             f"same requests in flight), so (CPU at {many} chunks - CPU at {few}) / "
+             f"{many - few} is a chunk's, and the rest the request's own (its parse, "
+             "routing, head and connection work).",
+             "",
+             "| router | per chunk: user us | sys us | per request outside its chunks: "
+             "user us | sys us |",
+             "|---|---|---|---|---|"]
+    for name in routers:
+        f = split["paths"][name]
+        lines.append(f"| {name} | {f['per_chunk_user_us']:.1f} | {f['per_chunk_sys_us']:.1f} "
+                     f"| {f['per_request_user_us']:.1f} | {f['per_request_sys_us']:.1f} |")
+    return [*lines, ""]

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from loadtest.metrics import RequestResult
-from loadtest.scenarios.overhead import OverheadSettings, _path_figures, side_by_side_lines
+from loadtest.scenarios.overhead import (
+    OverheadSettings,
+    _path_figures,
+    chunk_split,
+    side_by_side_lines,
+)
 
 
 def _path(cpu: float, req_s: float, added: float | None = None) -> dict[str, Any]:
@@ -56,7 +61,35 @@ def test_the_latency_of_a_phase_s_starting_burst_is_left_out_but_its_cpu_counted
     s = OverheadSettings(settle_s=0.5)
     burst = [RequestResult(start=0.01 * i, ok=True, ttft=0.030) for i in range(10)]
     steady = [RequestResult(start=0.5 + 0.1 * i, ok=True, ttft=0.002) for i in range(90)]
-    figures = _path_figures(burst + steady, cpu_s=0.1, seconds=10.0, s=s)
+    figures = _path_figures(burst + steady, cpu=(0.06, 0.04), seconds=10.0, s=s)
     assert figures["ttft_p99_ms"] == pytest.approx(2.0)
     assert figures["requests"] == 100 and figures["req_s"] == pytest.approx(10.0)
     assert figures["cpu_ms_per_request"] == pytest.approx(1.0)
+    assert figures["user_ms_per_request"] == pytest.approx(0.6)
+    assert figures["sys_ms_per_request"] == pytest.approx(0.4)
+
+
+def _cpu(user_ms: float, sys_ms: float) -> dict[str, float]:
+    return {"user_ms_per_request": user_ms, "sys_ms_per_request": sys_ms}
+
+
+def test_a_streamed_request_s_cpu_splits_into_its_chunks_and_the_rest() -> None:
+    # 20 us of user and 10 of system time per chunk, 300 and 50 per request: 16 chunks
+    # cost 0.620 / 0.210 ms, 2 chunks over the same time 0.340 / 0.070 ms.
+    split = chunk_split(_cpu(0.620, 0.210), _cpu(0.340, 0.070), (16, 2))
+    assert split["per_chunk_user_us"] == pytest.approx(20.0)
+    assert split["per_chunk_sys_us"] == pytest.approx(10.0)
+    assert split["per_request_user_us"] == pytest.approx(300.0)
+    assert split["per_request_sys_us"] == pytest.approx(50.0)
+
+
+def test_the_report_shows_each_router_s_split() -> None:
+    result = {"paths": ["direct", "specrouter", "peer"], "levels": [_level(100, 0.4, 0.5)],
+              "chunk_split": {"concurrency": 100, "chunks": [16, 2], "paths": {
+                  name: chunk_split(_cpu(0.620, 0.210), _cpu(0.340, 0.070), (16, 2))
+                  for name in ("direct", "specrouter", "peer")}}}
+    lines = side_by_side_lines(result)
+    rows = [line for line in lines if line.startswith("| specrouter |")
+            or line.startswith("| peer |")]
+    assert rows == ["| specrouter | 20.0 | 10.0 | 300.0 | 50.0 |",
+                    "| peer | 20.0 | 10.0 | 300.0 | 50.0 |"]
