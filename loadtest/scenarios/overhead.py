@@ -322,8 +322,10 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
     what is measured is the routers: streams of `output_tokens` tokens `stream_gap_ms`
     apart with think time (added TTFT = a router's percentile minus direct's, CPU per
     request of each router's process), and for throughput 1-token streams without think
-    time (req/s and CPU per request). Direct's CPU is the upstream's. For a level, every
-    phase of every path ran within the same minute."""
+    time (req/s and CPU per request). At the level `s.concurrency` the streams also run
+    in SPLIT_CHUNKS chunks over the same time, for each path's `chunk_split`. Direct's
+    CPU is the upstream's. For a level, every phase of every path ran within the same
+    minute."""
     with Stack() as stack:
         def paths_to(upstream: RouterProc) -> dict[str, tuple[str, int]]:
             paths = {DIRECT: (upstream.url, upstream.child.pid),
