@@ -104,10 +104,8 @@ def compare(s: overhead.OverheadSettings, names: list[str],
         one_token = RequestShape(model, 16, 1)
         out: list[dict[str, Any]] = []
         for concurrency in levels:
-            for url, _ in paths.values():
-                run_async(overhead._closed(url, shape, s, concurrency, 1.0, "warm"))
-            streams = overhead._rotate(s, paths, shape, concurrency, s.rounds, s.seconds,
-                                       s.think_s)
+            streams = overhead._warmed_rotation(s, paths, shape, concurrency, s.seconds,
+                                                s.think_s)
             rate = overhead._rotate(s, paths, one_token, concurrency, 1, s.rate_seconds, 0.0)
             direct, ours = streams[overhead.DIRECT], streams[overhead.SPECROUTER]
             for name, figures in streams.items():

@@ -299,6 +299,16 @@ def _rotate(s: OverheadSettings, paths: dict[str, tuple[str, int]], shape: Reque
             for name in paths}
 
 
+def _warmed_rotation(s: OverheadSettings, paths: dict[str, tuple[str, int]],
+                     shape: RequestShape, concurrency: int, seconds: float, think_s: float
+                     ) -> dict[str, dict[str, Any]]:
+    """Each path warmed for a second at `concurrency` (connections opened, caches
+    filled), then `_rotate` over `s.rounds` phases of `seconds`."""
+    for url, _ in paths.values():
+        run_async(_closed(url, shape, s, concurrency, 1.0, "warm"))
+    return _rotate(s, paths, shape, concurrency, s.rounds, seconds, think_s)
+
+
 def chunk_split(many: dict[str, Any], few: dict[str, Any], chunks: tuple[int, int]
                 ) -> dict[str, float]:
     """A streamed request's CPU apart into what each chunk costs and what the request
@@ -347,14 +357,10 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
         out: list[dict[str, Any]] = []
         split: dict[str, Any] = {}
         for concurrency in levels:
-            for url, _ in paths.values():
-                run_async(_closed(url, shape, s, concurrency, 1.0, "warm"))
-            streams = _rotate(s, paths, shape, concurrency, s.rounds, s.seconds, s.think_s)
+            streams = _warmed_rotation(s, paths, shape, concurrency, s.seconds, s.think_s)
             if concurrency == s.concurrency:
-                for url, _ in split_paths.values():
-                    run_async(_closed(url, split_shape, s, concurrency, 1.0, "warm"))
-                few = _rotate(s, split_paths, split_shape, concurrency, s.rounds, s.seconds,
-                              s.think_s)
+                few = _warmed_rotation(s, split_paths, split_shape, concurrency, s.seconds,
+                                       s.think_s)
                 chunks = (s.output_tokens, SPLIT_CHUNKS)
                 split = {"concurrency": concurrency, "chunks": list(chunks),
                          "paths": {name: chunk_split(streams[name], few[name], chunks)
@@ -365,10 +371,8 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
                     for q in ("p50", "p99"):
                         figures[f"added_{q}_ms"] = (figures[f"ttft_{q}_ms"]
                                                     - direct[f"ttft_{q}_ms"])
-            for url, _ in rate_paths.values():
-                run_async(_closed(url, one_token, s, concurrency, 1.0, "warm"))
-            rate = _rotate(s, rate_paths, one_token, concurrency, s.rounds, s.rate_seconds,
-                           0.0)
+            rate = _warmed_rotation(s, rate_paths, one_token, concurrency, s.rate_seconds,
+                                    0.0)
             out.append({"concurrency": concurrency, "streams": streams, "rate": rate})
     base = out[0]["rate"]
     for level in out:
