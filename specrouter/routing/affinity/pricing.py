@@ -44,7 +44,11 @@ the request `load_ms` for each request already there (its decode steps are share
   live session it moves (sessions of `footprint` counted at this prompt's size), or
   while the old pool's servers hold the live sessions and the new pool's caches cannot
   (`overflows`): a radix cache smaller than the sessions that cycle through it evicts
-  each before its next turn, so every turn there re-prefills its whole context.
+  each before its next turn, so every turn there re-prefills its whole context. A
+  switch away from servers that evict their sessions is never kept back: their engines
+  report under `EVICTING_RETENTION` of the index's predictions cached (the retention,
+  `routing/affinity/retention.py`), so the sessions' next turns there re-prefill anyway,
+  and the move re-prefills nothing that staying would not.
 """
 
 from __future__ import annotations
@@ -60,6 +64,12 @@ from specrouter.routing.decision import Decision
 
 if TYPE_CHECKING:
     from specrouter.routing.affinity.tracker import Lookup
+
+#: A server whose engine reports less than this share of the index's predictions cached
+#: (its measured retention) evicts the live sessions before their next turns: a thrashing
+#: radix cache reports little beyond the shared system prompt (seed-coding's EAGLE-3
+#: servers at 1 session/s: 3,009 of 20-37k tokens), one that holds them 0.8-1.0.
+EVICTING_RETENTION = 0.5
 
 #: The reasons the affinity override gives (part of pool_choice.REASONS).
 AFFINITY_REASONS: tuple[str, ...] = (
@@ -216,6 +226,16 @@ def overflows(moved: float, group: GroupView, old: Pool, new: Pool, lookup: Look
     return held_room >= 0 and moved > new_room
 
 
+def evicts(group: GroupView, pool: Pool, lookup: Lookup) -> bool:
+    """Whether every healthy server of `pool` in `group` that holds live sessions is
+    measured to evict them (retention below `EVICTING_RETENTION`); False where one is not
+    measured (its engine sends no cache report, or too few yet)."""
+    footprint, measured = lookup.footprint or {}, lookup.retention or {}
+    servers = [b.name for b in group.healthy_servers(pool) if footprint.get(b.name, 0.0) > 0]
+    return bool(servers) and all(measured.get(name, 1.0) < EVICTING_RETENTION
+                                 for name in servers)
+
+
 def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: float,
                     group: GroupView, lookup: Lookup, prices: AffinityPrices) -> Decision:
     """`decision`, or the group kept on `previous_pool` when the strategy switches it
@@ -226,7 +246,8 @@ def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: flo
     if decision.pool == previous_pool or decision.state.pool == previous_pool:
         return decision
     predictions = decision.predictions
-    if lookup.footprint is None or predictions is None or len(predictions) < 2:
+    if (lookup.footprint is None or predictions is None or len(predictions) < 2
+            or evicts(group, previous_pool, lookup)):
         return decision
     moved = sum(max(0.0, lookup.footprint.get(b.name, 0.0))
                 for b in group.healthy_servers(previous_pool))

@@ -14,7 +14,9 @@ A session whose turn came back with less than `lost_below` of its prediction cac
 no credit on that backend until one of its turns there comes back cached: the engine
 evicted it. With `applied` off (the default, `affinity.retention_applied`) the retention
 is measured and shown only, and the index's prediction counts whole: applied, it lost
-goodput on the agentic bench (docs/policy.md section 9).
+goodput on the agentic bench (docs/policy.md section 9). Either way a backend's
+retention over `MIN_SAMPLES` reports or more is `measured`: the group-switch guard
+(`pricing.keep_group_pool`) reads it to tell a server that evicts its sessions.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
+
+#: Reports a backend's retention rests on before it counts as measured: at weight 0.2 a
+#: retention of 1 falls below 0.5 only after three uncached reports in a row.
+MIN_SAMPLES = 5
 
 
 class Retention:
@@ -37,6 +43,7 @@ class Retention:
         self._lost_below = lost_below
         self._max_sessions = max_sessions
         self._lost: OrderedDict[str, str] = OrderedDict()
+        self.measured: dict[str, float] = {}  # backends with MIN_SAMPLES reports or more
 
     def share(self, backend: str) -> float:
         """The share of the index's prediction for `backend` to count: what its cache
@@ -59,6 +66,8 @@ class Retention:
         sample = min(1.0, max(0, cached) / prompt / expected)
         self._share[backend] += self._weight * (sample - self._share[backend])
         self._samples[backend] += 1
+        if self._samples[backend] >= MIN_SAMPLES:
+            self.measured[backend] = self._share[backend]
         if session is None:
             return
         if sample < self._lost_below:

@@ -39,6 +39,9 @@ class Lookup:
     # per backend the tokens the index predicts it holds, before the retention scales
     # them into `held` (what the engine's report is compared with)
     predicted: Mapping[str, float] | None = None
+    # per backend its engine's measured retention (`Retention.measured`): what it held of
+    # the index's predictions over its recent reports
+    retention: Mapping[str, float] | None = None
 
     @property
     def any(self) -> bool:
@@ -107,7 +110,8 @@ class AffinityTracker:
             return Lookup(held, prompt, predicted=predicted)
         footprint = self._sessions.footprint(self._clock(), session)
         caches = {b: i.capacity * self._block_tokens for b, i in self._indexes.items()}
-        return Lookup(held, prompt, last, footprint, caches, predicted)
+        return Lookup(held, prompt, last, footprint, caches, predicted,
+                      self.retention.measured)
 
     def record(self, prefix: PrefixKeys | None, session: str | None, backend: str,
                lookup: Lookup | None, count: bool = True) -> bool:

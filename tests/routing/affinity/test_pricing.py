@@ -51,8 +51,10 @@ def decision(pool: str, load: float = 3.0,
 
 def look(held: dict[str, float], prompt: float = 0.0, session_backend: str | None = None,
          footprint: dict[str, float] | None = None,
-         caches: dict[str, float] | None = None) -> Lookup:
-    return Lookup(held, max([prompt, *held.values()]), session_backend, footprint, caches)
+         caches: dict[str, float] | None = None,
+         retention: dict[str, float] | None = None) -> Lookup:
+    return Lookup(held, max([prompt, *held.values()]), session_backend, footprint, caches,
+                  retention=retention)
 
 
 def test_a_session_on_the_baseline_stays_when_moving_costs_more_than_eagle_saves() -> None:
@@ -221,3 +223,23 @@ def test_a_switch_onto_caches_too_small_for_the_live_sessions_is_kept_back() -> 
                 caches={"g0-eagle": 3e5, "g0-base": 4.5e5})
     far_cheap = replace(d, load=0.0)
     assert keep_group_pool(far_cheap, "baseline", 7.0, group("g0"), over, PRICES).pool == "eagle"
+
+
+def test_a_switch_away_from_servers_that_evict_their_sessions_is_never_kept_back() -> None:
+    # the price alone keeps the group on EAGLE-3 (three 30k sessions: 7,200 ms of
+    # re-prefill against 1,792 ms saved), but its engine reports a fifth of what the index
+    # predicts cached: the sessions' next turns there re-prefill them anyway
+    near = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 9.0)}
+    d = switching("baseline", predictions=near)
+    live = {"g0-eagle": 90_000.0, "g0-base": 0.0}
+    caches = {"g0-eagle": 4e5, "g0-base": 4e5}
+    evicting = look({}, prompt=30_000.0, footprint=live, caches=caches,
+                    retention={"g0-eagle": 0.2, "g0-base": 1.0})
+    assert keep_group_pool(d, "eagle", 7.0, group("g0"), evicting, PRICES) is d
+    # an engine that holds them (or is not measured yet) keeps the switch back as before
+    for retention in ({"g0-eagle": 0.8}, {}, None):
+        holding = look({}, prompt=30_000.0, footprint=live, caches=caches,
+                       retention=retention)
+        out = keep_group_pool(d, "eagle", 7.0, group("g0"), holding, PRICES)
+        assert (out.pool, out.reason) == ("eagle", "affinity_keep_eagle")
+

@@ -7,7 +7,7 @@ import pytest
 
 from specrouter.config import AffinitySettings
 from specrouter.routing.affinity.keys import PrefixKeys
-from specrouter.routing.affinity.retention import Retention
+from specrouter.routing.affinity.retention import MIN_SAMPLES, Retention
 from specrouter.routing.affinity.tracker import tracker_of
 
 
@@ -80,3 +80,18 @@ def test_measured_only_the_retention_leaves_the_prediction_whole() -> None:
     look = t.lookup(keys(1, 2, 3, 4, 5), "s")
     assert look is not None and dict(look.held) == {"e": 2048.0}
     assert t.stats()["retention"]["e"] == {"share": 0.0, "samples": 1, "applied": False}
+
+
+def test_a_retention_counts_as_measured_from_its_fifth_report_applied_or_not() -> None:
+    t = tracker_of(AffinitySettings(block_bytes=2048, retention_weight=0.2), ["e", "b"])
+    first = keys(1, 2, 3, 4)
+    t.record(first, "s", "e", t.lookup(first, "s"))
+    for _ in range(MIN_SAMPLES):
+        look = t.lookup(keys(1, 2, 3, 4, 5), "s")
+        assert look is not None and dict(look.retention or {}) == {}
+        t.observe_cached("e", "s", 0.8, 2_560, 0)  # the engine evicted it
+    look = t.lookup(keys(1, 2, 3, 4, 5), "s")
+    assert look is not None and look.retention is not None
+    assert look.retention["e"] == pytest.approx(0.8 ** MIN_SAMPLES)
+    assert "b" not in look.retention  # no report from b
+    assert dict(look.held) == {"e": 2048.0}  # measured only: the prediction stays whole
