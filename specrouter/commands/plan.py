@@ -216,7 +216,9 @@ def server_args(plan: Plan, role: Role, args: argparse.Namespace) -> list[str]:
         "--max-total-tokens", str(server.max_total_tokens),
         "--chunked-prefill-size", str(space.chunked_prefill_size),
         graph_flag, str(space.cuda_graph_max_bs),
-        "--enable-metrics",
+        # the router's telemetry reads /metrics; its affinity reads each answer's cached
+        # tokens (usage.prompt_tokens_details) to tell a server that evicts its sessions
+        "--enable-metrics", "--enable-cache-report",
     ]
     if role == "eagle":
         argv += [

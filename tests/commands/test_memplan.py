@@ -223,8 +223,10 @@ def test_cli_json_has_fractions_tokens_and_flags() -> None:
     assert base_flags[base_flags.index("--cuda-graph-max-bs-decode") + 1] == "256"
     for flag in ("--speculative-algorithm", "--speculative-draft-model-path",
                  "--speculative-num-steps", "--speculative-eagle-topk",
-                 "--speculative-num-draft-tokens", "--enable-metrics", "--max-running-requests"):
+                 "--speculative-num-draft-tokens", "--enable-metrics", "--enable-cache-report",
+                 "--max-running-requests"):
         assert flag in flags
+    assert "--enable-cache-report" in data["flags"]["baseline"]
     assert flags[flags.index("--port") + 1] == "31000"
     assert "--speculative-algorithm" not in data["flags"]["baseline"]
     assert str(baseline["mem_fraction_static"]) in data["flags"]["baseline"]
