@@ -545,10 +545,13 @@ def _overhead_targets(overhead: dict[str, Any]) -> tuple[list[str], list[str]]:
 AGENTIC_LABELS = {
     "eagle": "EAGLE-3 servers only, each session pinned to one",
     "baseline": "baseline servers only, each session pinned to one",
-    "router-noaffinity": "specrouter (goodput strategy, profile cost model), affinity off",
-    "router": "specrouter (goodput strategy, profile cost model), prefix/session affinity",
-    "router-online": "specrouter as a new user gets it (online strategy, cost learned from "
-                     "telemetry, no calibration), prefix/session affinity",
+    "router-noaffinity": "specrouter as a new user gets it (online strategy, cost learned "
+                         "from telemetry, no calibration), affinity off",
+    "router": "specrouter as a new user gets it (online strategy, cost learned from "
+              "telemetry, no calibration), prefix/session affinity: the config the "
+              "targets judge",
+    "router-goodput": "specrouter, goodput strategy with the profile's cost model, "
+                      "prefix/session affinity",
     "sglang-cache_aware": "sglang-router --policy cache_aware over the 4 servers",
     "sglang-round_robin": "sglang-router --policy round_robin over the 4 servers",
     "adaptive": "one adaptive-speculation engine per GPU (whole memory), sessions pinned",

@@ -203,12 +203,13 @@ def test_the_routers_cost_model_can_be_built_at_the_workloads_mean_context() -> 
     assert source.ctx == ctx
 
 
-def test_router_online_is_the_default_router_and_the_others_use_goodput() -> None:
+def test_the_judged_router_is_the_default_and_router_goodput_uses_goodput() -> None:
     s = AgenticSettings()
-    online = router_strategy_env("router-online", "seed-coding", 0.08, s, SHAPE)
-    assert "SPECROUTER_COST_MODEL" not in online
-    assert "strategy" not in json.loads(online["SPECROUTER_POLICY"])
-    goodput = router_strategy_env("router", "seed-coding", 0.08, s, SHAPE)
+    for config in ("router", "router-noaffinity"):
+        online = router_strategy_env(config, "seed-coding", 0.08, s, SHAPE)
+        assert "SPECROUTER_COST_MODEL" not in online
+        assert "strategy" not in json.loads(online["SPECROUTER_POLICY"])
+    goodput = router_strategy_env("router-goodput", "seed-coding", 0.08, s, SHAPE)
     assert json.loads(goodput["SPECROUTER_POLICY"])["strategy"] == "goodput"
     assert json.loads(goodput["SPECROUTER_COST_MODEL"])["profile"] == "seed-coding"
 
