@@ -19,3 +19,16 @@ def test_report_plots_each_profile_and_shows_the_plot(tmp_path: Path) -> None:
     text = report.render(results, images, ["pytest"], "test run", "now", 1.0)
     assert "![agentic h200-llama3-8b](img/agentic-h200-llama3-8b.png)" in text
     assert "| router | 347.0 |" in text
+
+
+def test_a_best_static_pool_that_met_the_slo_on_every_turn_is_called_out_of_reach() -> None:
+    recorded = json.loads(RECORDED.read_text(encoding="utf-8"))
+    level = recorded["profiles"]["h200-llama3-8b"][0]
+    best = level["configs"][level["verdict"]["best_static"]]
+    assert best["slo_met"] == best["requests"] and not best.get("unsent_turns")
+    lines, misses = report.agentic_section(recorded, {})
+    assert any("vs best static pool" in line and "out of reach" in line for line in lines)
+    # a best pool that missed the SLO on one turn leaves the ratio to speak for itself
+    best["slo_met"] -= 1
+    lines, misses = report.agentic_section(recorded, {})
+    assert not any("out of reach" in line for line in [*lines, *misses])

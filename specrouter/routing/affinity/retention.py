@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 #: Reports a backend's retention rests on before it counts as measured: at weight 0.2 a
-#: retention of 1 falls below 0.5 only after three uncached reports in a row.
+#: retention of 1 falls below 0.5 only after four uncached reports in a row.
 MIN_SAMPLES = 5
 
 
