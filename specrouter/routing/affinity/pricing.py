@@ -45,10 +45,11 @@ the request `load_ms` for each request already there (its decode steps are share
   while the old pool's servers hold the live sessions and the new pool's caches cannot
   (`overflows`): a radix cache smaller than the sessions that cycle through it evicts
   each before its next turn, so every turn there re-prefills its whole context. A
-  switch away from servers that evict their sessions is never kept back: their engines
-  report under `EVICTING_RETENTION` of the index's predictions cached (the retention,
-  `routing/affinity/retention.py`), so the sessions' next turns there re-prefill anyway,
-  and the move re-prefills nothing that staying would not.
+  switch away from servers that evict their sessions is not kept back by its price:
+  their engines report under `EVICTING_RETENTION` of the index's predictions cached (the
+  retention, `routing/affinity/retention.py`), so the sessions' next turns there
+  re-prefill anyway, and the move re-prefills nothing that staying would not; it is
+  still kept back where the new pool's caches cannot hold them either.
 """
 
 from __future__ import annotations
@@ -246,8 +247,7 @@ def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: flo
     if decision.pool == previous_pool or decision.state.pool == previous_pool:
         return decision
     predictions = decision.predictions
-    if (lookup.footprint is None or predictions is None or len(predictions) < 2
-            or evicts(group, previous_pool, lookup)):
+    if lookup.footprint is None or predictions is None or len(predictions) < 2:
         return decision
     moved = sum(max(0.0, lookup.footprint.get(b.name, 0.0))
                 for b in group.healthy_servers(previous_pool))
@@ -256,7 +256,8 @@ def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: flo
     sessions = moved / max(lookup.prompt_tokens, 1.0)
     gain = (decision.load + 1.0 + sessions) * pool_saving_ms(decision.pool, predictions,
                                                              prices)
-    if (switch_cost_ms(moved, decision.load, prices) <= gain
+    held = not evicts(group, previous_pool, lookup)  # else the move re-prefills nothing
+    if ((not held or switch_cost_ms(moved, decision.load, prices) <= gain)
             and not overflows(moved, group, previous_pool, decision.pool, lookup)):
         return decision
     state = replace(decision.state, pool=previous_pool, since=previous_since)

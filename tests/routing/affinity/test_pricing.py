@@ -225,7 +225,7 @@ def test_a_switch_onto_caches_too_small_for_the_live_sessions_is_kept_back() -> 
     assert keep_group_pool(far_cheap, "baseline", 7.0, group("g0"), over, PRICES).pool == "eagle"
 
 
-def test_a_switch_away_from_servers_that_evict_their_sessions_is_never_kept_back() -> None:
+def test_a_switch_away_from_servers_that_evict_their_sessions_is_not_kept_back() -> None:
     # the price alone keeps the group on EAGLE-3 (three 30k sessions: 7,200 ms of
     # re-prefill against 1,792 ms saved), but its engine reports a fifth of what the index
     # predicts cached: the sessions' next turns there re-prefill them anyway
@@ -236,6 +236,11 @@ def test_a_switch_away_from_servers_that_evict_their_sessions_is_never_kept_back
     evicting = look({}, prompt=30_000.0, footprint=live, caches=caches,
                     retention={"g0-eagle": 0.2, "g0-base": 1.0})
     assert keep_group_pool(d, "eagle", 7.0, group("g0"), evicting, PRICES) is d
+    # nor where the baseline's caches cannot hold them either: both would thrash
+    full = look({}, prompt=30_000.0, footprint={**live, "g0-base": 350_000.0},
+                caches=caches, retention={"g0-eagle": 0.2})
+    out = keep_group_pool(d, "eagle", 7.0, group("g0"), full, PRICES)
+    assert (out.pool, out.reason) == ("eagle", "affinity_keep_eagle")
     # an engine that holds them (or is not measured yet) keeps the switch back as before
     for retention in ({"g0-eagle": 0.8}, {}, None):
         holding = look({}, prompt=30_000.0, footprint=live, caches=caches,
