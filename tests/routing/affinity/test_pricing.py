@@ -236,7 +236,7 @@ def test_a_switch_away_from_servers_that_evict_their_sessions_is_not_kept_back()
     evicting = look({}, prompt=30_000.0, footprint=live, caches=caches,
                     retention={"g0-eagle": 0.2, "g0-base": 1.0})
     assert keep_group_pool(d, "eagle", 7.0, group("g0"), evicting, PRICES) is d
-    # nor where the baseline's caches cannot hold them either: both would thrash
+    # but kept back where the baseline's caches cannot hold them either: both would thrash
     full = look({}, prompt=30_000.0, footprint={**live, "g0-base": 350_000.0},
                 caches=caches, retention={"g0-eagle": 0.2})
     out = keep_group_pool(d, "eagle", 7.0, group("g0"), full, PRICES)
@@ -247,4 +247,3 @@ def test_a_switch_away_from_servers_that_evict_their_sessions_is_not_kept_back()
                        retention=retention)
         out = keep_group_pool(d, "eagle", 7.0, group("g0"), holding, PRICES)
         assert (out.pool, out.reason) == ("eagle", "affinity_keep_eagle")
-
