@@ -68,8 +68,8 @@ if TYPE_CHECKING:
 
 #: A server whose engine reports less than this share of the index's predictions cached
 #: (its measured retention) evicts the live sessions before their next turns: a thrashing
-#: radix cache reports little beyond the shared system prompt (seed-coding's EAGLE-3
-#: servers at 1 session/s: 3,009 of 20-37k tokens), one that holds them 0.8-1.0.
+#: radix cache finds little of a session beyond a prefix shared by all of them, one that
+#: holds the sessions finds most of what the index predicts.
 EVICTING_RETENTION = 0.5
 
 #: The reasons the affinity override gives (part of pool_choice.REASONS).
