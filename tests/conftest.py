@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.sim",
     "tests.fixtures.router",
+    "tests.fixtures.probes",
 ]

@@ -152,6 +152,9 @@ PROBE_RID_PREFIX = "specrouter-cost-probe-"
 POOLS: tuple[Pool, ...] = ("baseline", "eagle")
 #: Seconds between two looks at the group's in-flight count while a probe runs.
 _WATCH_S = 0.005
+#: Seconds a probe between two rounds waits for a group busy only by its engines' own
+#: reports to go idle (`_settled_backend`).
+_SETTLE_S = 1.0
 #: Seconds before a pool whose probe failed (no answer a step could be read from) is
 #: probed again.
 _FAILED_RETRY_S = 60.0
@@ -278,6 +281,21 @@ class CostProber:
         return None if not servers else next(
             b for b in self._router.backends if b.name == servers[0].name)
 
+    async def _settled_backend(self, group: str, pool: Pool) -> Backend | None:
+        """`_idle_backend` between two rounds of a probe. A group that holds none of the
+        router's requests but whose engines report one running gets up to `_SETTLE_S` to
+        go idle: such a report can be a request that is over within a telemetry poll
+        (SGLang's `/health` runs a one-token generation on an idle engine, which
+        `/v1/loads` counts before 0.5.23), and giving the probe up over it would waste the
+        warm-up it has prefilled. A request of the router's gives it up at once."""
+        deadline = self._monitor.clock() + _SETTLE_S
+        while True:
+            backend = self._idle_backend(group, pool)
+            if (backend is not None or self._group_inflight(group) > 0
+                    or self._monitor.clock() >= deadline):
+                return backend
+            await asyncio.sleep(_WATCH_S)
+
     def _group_inflight(self, group: str) -> int:
         return sum(b.inflight for b in self._group(group).backends)
 
@@ -359,7 +377,7 @@ class CostProber:
         and published: "read", "busy", or None when no step could be read."""
         learner = self._monitor.learning.learner(group)
         for batch in self._settings.batches(pool):
-            backend = self._idle_backend(group, pool)
+            backend = await self._settled_backend(group, pool)
             if backend is None:
                 return "busy"
             short = await self._round(group, pool, backend, batch, 1, prefix)

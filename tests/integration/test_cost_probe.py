@@ -7,7 +7,9 @@ during a probe cancels it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -15,6 +17,7 @@ import httpx
 
 from specrouter.sim import physics
 from specrouter.sim.profile import load_profile
+from tests.fixtures.probes import CountedGroup
 from tests.fixtures.router import RouterFactory, group_backends
 from tests.fixtures.sim import SimGroup
 
@@ -128,3 +131,36 @@ def test_a_group_without_one_of_the_pools_starts_without_waiting_for_it(
                                              "check_s": 0.1, "startup_wait_s": 600}),
         "SPECROUTER_HEALTH": json.dumps({"interval_s": 0.1})})
     assert _learned(proc.url)["probes"] == {"eagle/read": 2}
+
+
+def test_a_request_the_engine_reports_between_rounds_is_waited_out(
+        counted_group: CountedGroup, router: RouterFactory) -> None:
+    """Right after the baseline's warm-up, the EAGLE engine reports a request running that
+    the router did not send (another client's short generation, as SGLang's `/health`
+    one-token generation shows before 0.5.23): the probe waits it out and reads the pool
+    with its one warm-up, instead of giving up and prefilling a second."""
+    count, eagle = counted_group.count, counted_group.proxies["eagle"]
+    other_client = threading.Thread(target=lambda: httpx.post(
+        f"{counted_group.sim.eagle_url}/generate", timeout=30.0,
+        json={"text": "hi", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}))
+
+    async def after_warm_up(pool: str) -> None:
+        if pool != "baseline" or count.total[pool] != 1:
+            return
+        reports = eagle.busy_reports
+        other_client.start()
+        deadline = time.monotonic() + 10.0
+        while eagle.busy_reports == reports:  # until the router has polled it
+            assert time.monotonic() < deadline, "the router never read the other request"
+            await asyncio.sleep(0.005)
+
+    counted_group.proxies["baseline"].after_probe = after_warm_up
+    proc = router(counted_group.backends(), env={
+        "SPECROUTER_COST_PROBE": json.dumps({
+            "prompt_tokens": 16, "tokens": 32, "eagle_batches": [1], "baseline_batches": [1],
+            "check_s": 0.1}),
+        "SPECROUTER_HEALTH": json.dumps({"interval_s": 0.1})})
+    learned = _learned(proc.url)  # start-up returned: its probes ran
+    other_client.join(30.0)
+    assert learned["probes"] == {"baseline/read": 1, "eagle/read": 1}, learned
+    assert count.total == {"baseline": 3, "eagle": 3}, count

@@ -3,118 +3,22 @@
 one probe at a time on its GPUs, and one probe per pool serves both replicas (the one that
 did not probe folds in the other's published reading).
 
-The engines sit behind a counting proxy that sees every probe generation (their rid
-starts with `PROBE_RID_PREFIX`): how many run at once on the group, and how many ran.
+The engines sit behind counting proxies (`tests/fixtures/probes.py`) that see every probe
+generation: how many run at once on the group, and how many ran.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import pytest
-import uvicorn
 
-from specrouter.proxy.shadow import PROBE_RID_PREFIX
+from tests.fixtures.probes import CountedGroup
 from tests.fixtures.procs import free_port, wait_until
 from tests.fixtures.redis import RedisServer
 from tests.fixtures.router import RouterFactory, RouterProc
-from tests.fixtures.sim import SimGroup
-
-PROFILE = "h200-llama3-8b"
-_MARK = f'"rid":"{PROBE_RID_PREFIX}'.encode()
-
-
-@dataclass
-class ProbeCount:
-    """Probe generations at the group's engines: now, at most at once, in all (per pool)."""
-
-    now: int = 0
-    peak: int = 0
-    total: dict[str, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def enter(self, pool: str) -> None:
-        with self.lock:
-            self.now += 1
-            self.peak = max(self.peak, self.now)
-            self.total[pool] = self.total.get(pool, 0) + 1
-
-    def leave(self) -> None:
-        with self.lock:
-            self.now -= 1
-
-
-class CountingProxy:
-    """An ASGI relay to one engine that counts the probe generations it forwards."""
-
-    def __init__(self, upstream: str, pool: str, count: ProbeCount) -> None:
-        self.upstream, self.pool, self.count = upstream, pool, count
-        self.client: httpx.AsyncClient | None = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        probe = scope["path"] == "/generate" and _MARK in body
-        if self.client is None:
-            self.client = httpx.AsyncClient(timeout=120.0)
-        headers = [(k, v) for k, v in scope["headers"] if k not in (b"host", b"content-length")]
-        if probe:
-            self.count.enter(self.pool)
-        try:
-            answer = await self.client.request(
-                scope["method"], f"{self.upstream}{scope['path']}", content=body,
-                headers=headers, params=scope["query_string"].decode())
-        finally:
-            if probe:
-                self.count.leave()
-        out = [(k.encode(), v.encode()) for k, v in answer.headers.items()
-               if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")]
-        await send({"type": "http.response.start", "status": answer.status_code,
-                    "headers": [*out, (b"content-length", str(len(answer.content)).encode())]})
-        await send({"type": "http.response.body", "body": answer.content})
-
-
-@pytest.fixture
-def counted_group(sim_group: Any) -> Iterator[tuple[dict[str, str], ProbeCount]]:
-    """A real-time simulated group behind counting proxies: ({pool: url}, count)."""
-    sim: SimGroup = sim_group(profile=PROFILE, time_scale=1.0)
-    count = ProbeCount()
-    urls, servers, threads = {}, [], []
-    for pool in ("eagle", "baseline"):
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(
-            CountingProxy(sim.url(pool), pool, count), host="127.0.0.1", port=port,
-            log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=lambda s=server: asyncio.run(s.serve()), daemon=True)
-        thread.start()
-        servers.append(server)
-        threads.append(thread)
-        urls[pool] = f"http://127.0.0.1:{port}"
-    wait_until(lambda: all(s.started for s in servers), 10.0, "the counting proxies")
-    yield urls, count
-    for server in servers:
-        server.should_exit = True
-    for thread in threads:
-        thread.join(10)
-
-
-def _backends(urls: dict[str, str]) -> list[dict[str, str]]:
-    """The counted group's two servers as the router's backends."""
-    return [{"name": f"gpu0-{pool}", "url": urls[pool], "pool": pool, "group": "gpu0"}
-            for pool in ("eagle", "baseline")]
 
 
 def _learned(proc: RouterProc) -> dict[str, Any]:
@@ -124,11 +28,10 @@ def _learned(proc: RouterProc) -> dict[str, Any]:
 
 
 def test_replicas_starting_together_probe_each_pool_once_one_at_a_time(
-    redis_server: RedisServer, counted_group: tuple[dict[str, str], ProbeCount],
+    redis_server: RedisServer, counted_group: CountedGroup,
     router: RouterFactory,
 ) -> None:
-    urls, count = counted_group
-    backends = _backends(urls)
+    count, backends = counted_group.count, counted_group.backends()
     env = {
         "SPECROUTER_REDIS_URL": redis_server.url(),
         "SPECROUTER_STATE": json.dumps({"key_prefix": "probelock"}),
@@ -153,10 +56,9 @@ def test_replicas_starting_together_probe_each_pool_once_one_at_a_time(
 
 
 def test_with_redis_unreachable_a_replica_still_probes_on_its_own(
-    counted_group: tuple[dict[str, str], ProbeCount], router: RouterFactory,
+    counted_group: CountedGroup, router: RouterFactory,
 ) -> None:
-    urls, count = counted_group
-    backends = _backends(urls)
+    count, backends = counted_group.count, counted_group.backends()
     proc = router(backends, env={
         "SPECROUTER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens
         "SPECROUTER_COST_PROBE": json.dumps({
@@ -170,11 +72,10 @@ def test_with_redis_unreachable_a_replica_still_probes_on_its_own(
 
 
 def test_the_lock_of_a_replica_killed_mid_probe_expires_and_another_probes(
-    redis_server: RedisServer, counted_group: tuple[dict[str, str], ProbeCount],
+    redis_server: RedisServer, counted_group: CountedGroup,
     router: RouterFactory,
 ) -> None:
-    urls, count = counted_group
-    backends = _backends(urls)
+    count, backends = counted_group.count, counted_group.backends()
 
     def env(tokens: int, timeout_s: float) -> dict[str, str]:
         return {
