@@ -31,7 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from specrouter.config import Settings
 from specrouter.errors import RouterError, openai_error_body, sse_error_event
-from specrouter.proxy.abort import Abandoner, abort_headers, client_rids, new_rid, with_rid
+from specrouter.proxy.abort import Abandoner, abort_headers, client_rids, new_rid, rid_field
 from specrouter.proxy.first_event import event_status, first_chunk
 from specrouter.proxy.handover import (
     CHAT_PATH,
@@ -56,6 +56,7 @@ from specrouter.proxy.request import (
     read_body,
     request_id_of,
     request_info,
+    with_first_fields,
 )
 from specrouter.proxy.response import (
     CHUNK_WRITER,
@@ -84,6 +85,7 @@ from specrouter.proxy.upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from specrouter.proxy.usage import USAGE_FIELD, asks_usage
 from specrouter.routing.router import (
     NoBackendAvailable,
     Probe,
@@ -200,11 +202,13 @@ class RequestCycle:
     `client_rids` are the rids the client set in a generation body (None: it set none).
     `handed` restamps the events of a continuation once the stream was handed over.
     `relay` is what the stream being relayed sent so far (None before one starts).
+    `usage_asked`: the proxy asks the engine for the stream's usage event and drops it
+    before the client (`proxy/usage.py`), where affinity is on (its retention reads it).
     """
 
     __slots__ = ("answer", "body", "client_gone", "client_rids", "disconnect_watch",
                  "finished", "generation", "handed", "head", "info", "method", "path",
-                 "proxy", "relay", "router", "send", "task", "writer")
+                 "proxy", "relay", "router", "send", "task", "usage_asked", "writer")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
                  body: RequestBody, info: RequestInfo, generation: bool = False) -> None:
@@ -227,6 +231,8 @@ class RequestCycle:
         self.finished = False
         self.generation = generation
         self.client_rids = client_rids(body) if generation else None
+        self.usage_asked = (generation and proxy.affinity is not None
+                            and asks_usage(info.path, info.stream, body))
         self.handed: Restamp | None = None
         self.relay: StreamRelay | None = None
         self.answer = b""  # a non-stream answer's body, read for its usage
@@ -323,14 +329,19 @@ class RequestCycle:
 
     def _prepare(self, target: Target) -> _Attempt:
         """The attempt's headers and body: a generation gets a fresh rid unless the
-        client set its own."""
+        client set its own, and the request for its usage event (`usage_asked`)."""
         headers = self.head.upstream_headers(target.backend)
-        if not self.generation or not self.proxy.set_rid:
-            return _Attempt(target, headers, self.body, ())
-        if self.client_rids is not None:
-            return _Attempt(target, headers, self.body, self.client_rids)
-        rid = new_rid(self.head.request_id)
-        return _Attempt(target, headers, with_rid(self.body, rid), (rid,))
+        fields = [USAGE_FIELD] if self.usage_asked else []
+        rids: tuple[str, ...] = ()
+        if self.generation and self.proxy.set_rid:
+            if self.client_rids is not None:
+                rids = self.client_rids
+            else:
+                rid = new_rid(self.head.request_id)
+                rids = (rid,)
+                fields.append(rid_field(rid))
+        body = with_first_fields(self.body, b",".join(fields)) if fields else self.body
+        return _Attempt(target, headers, body, rids)
 
     def _leave(self, attempt: _Attempt) -> None:
         """Release the attempt's backend: now, or once it dropped an unfinished
@@ -465,8 +476,9 @@ class RequestCycle:
         send = self.send
         started = False
         handover = self._may_hand_over(target)
-        relay = self.relay = StreamRelay(self.writer,
-                                         self.proxy.handover_record_bytes if handover else 0)
+        relay = self.relay = StreamRelay(
+            self.writer, self.proxy.handover_record_bytes if handover else 0,
+            without_usage=self.usage_asked)
         direct = self.writer is not None
         failure: UpstreamError | None = None
         try:
@@ -477,8 +489,7 @@ class RequestCycle:
                     self._retry_error_event(first, attempt)
                 await send(start)
                 started = True
-                await send({"type": "http.response.body", "body": first, "more_body": True})
-                relay.sent(first)
+                await self._send_part(relay, first)
                 if handover and target.recall is not None:
                     _hold_on(target.recall, relay)
                 direct = direct and response.divert(relay.write)
@@ -486,9 +497,7 @@ class RequestCycle:
                     if chunk and relay.holding:
                         chunk = await self._hand_over_at(relay, chunk, target)
                     if chunk:
-                        await send({"type": "http.response.body", "body": chunk,
-                                    "more_body": True})
-                        relay.sent(chunk)
+                        await self._send_part(relay, chunk)
                         if direct:
                             response.divert(relay.write)
         except UpstreamError as exc:
@@ -496,7 +505,8 @@ class RequestCycle:
         error, trailer = self._stream_outcome(attempt, relay, failure)
         if not started:
             await send(start)
-        await send({"type": "http.response.body", "body": trailer, "more_body": False})
+        await send({"type": "http.response.body", "body": relay.rest_for_client() + trailer,
+                    "more_body": False})
         return error
 
     def _stream_outcome(self, attempt: _Attempt, relay: StreamRelay,
@@ -572,7 +582,7 @@ class RequestCycle:
             refused = f"the continuation answered HTTP {response.status}"
             await self._fail(target, 502, f"backend {target.backend.name}: {refused}")
             return refused if response.status >= 500 else None
-        relay = self.relay = StreamRelay(None, tail=b"\n\n")
+        relay = self.relay = StreamRelay(None, tail=b"\n\n", without_usage=self.usage_asked)
         failure: UpstreamError | None = None
         try:
             async for chunk in response.iter_raw():
@@ -581,13 +591,17 @@ class RequestCycle:
         except UpstreamError as exc:
             failure = exc
         error, trailer = self._stream_outcome(attempt, relay, failure)
-        await self.send({"type": "http.response.body", "body": trailer, "more_body": False})
+        await self.send({"type": "http.response.body", "body": relay.rest_for_client() + trailer,
+                         "more_body": False})
         return error
 
     async def _send_part(self, relay: StreamRelay, data: bytes) -> None:
-        """Send `data` (if any) as a part of the body that more parts follow."""
+        """Send the stream's next bytes `data` (if any, and as much of them as the client
+        gets: `StreamRelay.for_client`) as a part of the body that more parts follow."""
         if data:
-            await self.send({"type": "http.response.body", "body": data, "more_body": True})
+            out = relay.for_client(data)
+            if out:
+                await self.send({"type": "http.response.body", "body": out, "more_body": True})
             relay.sent(data)
 
     async def _end_handed(self, message: str, status: int) -> None:

@@ -1,7 +1,9 @@
 """What the proxy reads from a client's request: the head, split once into what forwarding
 needs, and the body, read whole into one buffer (bounded per request and, through
 `BodyBudget`, for the whole process) and peeked for `model` and `stream` without building
-the message list. The body itself is forwarded untouched."""
+the message list. The body is forwarded as the client sent it, with at most fields of the
+router's own put first (`with_first_fields`: an attempt's `rid`, the request for a
+stream's usage)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authoriz
 REQUEST_ID = b"x-request-id"
 POOL_HEADER = backends.POOL_HEADER.encode()  # the wire form of the one name
 _SESSION = SESSION_HEADER.encode()
+_JSON_SPACE = b" \t\r\n"
 
 
 class RouteKind(enum.Enum):
@@ -223,6 +226,20 @@ async def _read_growing(
     except BaseException:
         budget.give_back(grown)
         raise
+
+
+def with_first_fields(body: RequestBody, fields: bytes) -> bytes:
+    """`body` (a JSON object, checked before routing) with `fields` (`"key":value`
+    pairs, comma-separated) first, in one copy of the body. A key the client also set
+    comes later in the body, and JSON parsers (SGLang's among them) keep the last."""
+    brace = 0
+    while brace < len(body) and body[brace] in _JSON_SPACE:  # no stripped copy of the body
+        brace += 1
+    after = brace + 1
+    while after < len(body) and body[after] in _JSON_SPACE:
+        after += 1
+    separator = b"" if body[after:after + 1] == b"}" else b","
+    return b"".join((b"{", fields, separator, memoryview(body)[brace + 1:]))
 
 
 class _Peek(BaseModel):

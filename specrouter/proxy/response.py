@@ -16,6 +16,7 @@ from specrouter.proxy.upstream import (
     UpstreamOverLimit,
     UpstreamResponse,
 )
+from specrouter.proxy.usage import held_at_end, strip_usage
 from specrouter.routing.router import Target
 
 log = logging.getLogger("specrouter.proxy")
@@ -128,17 +129,24 @@ class StreamRelay:
     `record` for a handover to read, until they pass that many bytes: a stream that long
     is past any handover budget), and `write`, the client's chunk writer keeping that
     tail, for an upstream to divert body bytes to. While `holding`, `write` refuses every
-    chunk, so they reach the relay's own loop, which decides on a handover."""
+    chunk, so they reach the relay's own loop, which decides on a handover.
 
-    __slots__ = ("_client", "_room", "holding", "record", "tail")
+    With `without_usage` the client gets the stream without its usage event, which the
+    proxy asked for itself (`proxy/usage.py`): `write` and `for_client` leave it out,
+    `rest_for_client` gives what was held back when the stream ends. `tail` and `record`
+    keep the engine's bytes, usage included."""
+
+    __slots__ = ("_client", "_held", "_room", "holding", "record", "tail")
 
     def __init__(self, client: ChunkWriter | None, record_limit: int = 0,
-                 tail: bytes = b"") -> None:
+                 tail: bytes = b"", without_usage: bool = False) -> None:
         self._client = client
         self.tail = tail
         self.record: list[bytes] | None = [] if record_limit > 0 else None
         self._room = record_limit
         self.holding = False
+        # bytes held back from the client (None: the usage event is not stripped)
+        self._held: bytes | None = b"" if without_usage else None
 
     def sent(self, chunk: bytes) -> None:
         self.tail = keep_tail(self.tail, chunk)
@@ -150,10 +158,32 @@ class StreamRelay:
                 self.record = None
 
     def write(self, chunk: bytes) -> bool:
-        if not self.holding and self._client is not None and self._client(chunk):
-            self.sent(chunk)
-            return True
-        return False
+        if self.holding or self._client is None:
+            return False
+        if self._held is None:
+            if not self._client(chunk):
+                return False
+        else:
+            out, held = strip_usage(self._held, chunk)
+            if not self._client(out):
+                return False  # the chunk comes back through the relay's loop, held unchanged
+            self._held = held
+        self.sent(chunk)
+        return True
+
+    def for_client(self, chunk: bytes) -> bytes:
+        """What the client gets now of the stream's next bytes `chunk`."""
+        if self._held is None:
+            return chunk
+        out, self._held = strip_usage(self._held, chunk)
+        return out
+
+    def rest_for_client(self) -> bytes:
+        """What the client still gets of the bytes held back, as the stream ends."""
+        if not self._held:
+            return b""
+        rest, self._held = held_at_end(self._held), b""
+        return rest
 
     def hold(self) -> None:
         self.holding = True

@@ -15,9 +15,11 @@ from starlette.types import Message
 
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
-from specrouter.proxy.abort import client_rids, with_rid
+from specrouter.proxy.abort import client_rids, rid_field
 from specrouter.proxy.first_event import event_status
+from specrouter.proxy.request import with_first_fields
 from specrouter.proxy.upstream import ChunkWriter, RawHeaders, UpstreamResponse
+from specrouter.proxy.usage import USAGE_FIELD
 from tests.fixtures.fake_router import BACKENDS, ListRouter
 
 SSE = [(b"content-type", b"text/event-stream")]
@@ -158,6 +160,8 @@ def run(scenario: Coroutine[Any, Any, None]) -> None:
 
 
 STREAM_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+# what the proxy adds to a stream that did not set stream_options (proxy/usage.py)
+ASKED = {"stream_options": {"include_usage": True}}
 
 
 def test_the_stream_head_leaves_with_the_first_chunk() -> None:
@@ -227,7 +231,7 @@ def test_each_attempt_carries_its_own_rid_and_a_client_rid_is_kept() -> None:
         (_, first), (_, second) = e0.requests[0], b0.requests[0]
         assert first["rid"].endswith("-abc") and second["rid"].endswith("-abc")
         assert first["rid"] != second["rid"]
-        assert {k: v for k, v in first.items() if k != "rid"} == STREAM_CHAT
+        assert {k: v for k, v in first.items() if k != "rid"} == {**STREAM_CHAT, **ASKED}
 
         mine = {**STREAM_CHAT, "rid": "client-rid"}
         await Exchange(make_app(ListRouter(), e0, b0), "/generate", mine).run()
@@ -327,12 +331,12 @@ def test_an_abort_the_backend_refuses_holds_the_count_for_the_bounded_time() -> 
     run(scenario())
 
 
-def test_with_aborts_off_the_body_is_forwarded_untouched() -> None:
+def test_with_aborts_off_a_body_gets_no_rid() -> None:
     async def scenario() -> None:
         router, e0 = ListRouter(), Backend_()
         app = make_app(router, e0, Backend_(), abort_abandoned=False)
         await Exchange(app, "/v1/chat/completions", STREAM_CHAT).run()
-        assert e0.requests[0][1] == STREAM_CHAT
+        assert e0.requests[0][1] == {**STREAM_CHAT, **ASKED}  # no rid
 
     run(scenario())
 
@@ -352,9 +356,11 @@ def test_client_rids(body: bytes, rids: tuple[str, ...] | None) -> None:
 
 
 @pytest.mark.parametrize("body", [b'{"a":1}', b'  {}', b'{ }', b'\n{"a":{"b":[]}}'])
-def test_with_rid_keeps_the_body_and_adds_the_rid(body: bytes) -> None:
+def test_with_first_fields_keeps_the_body_and_adds_the_fields(body: bytes) -> None:
+    fields = rid_field('x"\\y') + b"," + USAGE_FIELD
     for buffer in (body, bytearray(body)):
-        assert json.loads(with_rid(buffer, 'x"\\y')) == {"rid": 'x"\\y', **json.loads(body)}
+        assert json.loads(with_first_fields(buffer, fields)) == {
+            "rid": 'x"\\y', "stream_options": {"include_usage": True}, **json.loads(body)}
 
 
 @pytest.mark.parametrize(("first", "status"), [

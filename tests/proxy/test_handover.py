@@ -35,6 +35,10 @@ from tests.proxy.test_forward import (
 )
 
 CHAT = "/v1/chat/completions"
+# A client that set `stream_options` itself: the proxy asks for no usage event and strips
+# none, so each upstream read reaches the client as it comes, an event's first part too
+# (`_switch_mid_stream` counts them). One test below streams with the default request.
+PLAIN = {**STREAM_CHAT, "stream_options": {"include_usage": False}}
 
 
 def _event(content: str | None = None, *, role: bool = False, finish: str | None = None,
@@ -140,9 +144,23 @@ def test_a_switch_mid_stream_continues_the_answer_on_the_baseline() -> None:
     run(scenario())
 
 
+def test_a_handed_over_stream_asks_both_engines_for_usage_and_the_client_gets_none() -> None:
+    async def scenario() -> None:
+        exchange, _, e0, b0 = await _switch_mid_stream({**STREAM_CHAT, "max_tokens": 100}, 1)
+        text, ids, events = _contents(exchange.content)
+        assert text == "Hel there" and ids == {"e"}
+        assert all(e["choices"] for e in events), events  # the usage event left out
+        assert exchange.content.endswith(DONE)
+        for engine in (e0, b0):
+            (_, sent), = engine.requests
+            assert sent["stream_options"] == {"include_usage": True}
+
+    run(scenario())
+
+
 def test_a_switch_back_to_eagle_continues_a_baseline_stream_there() -> None:
     async def scenario() -> None:
-        body = {**STREAM_CHAT, "max_tokens": 100}
+        body = {**PLAIN, "max_tokens": 100}
         exchange, _, e0, b0 = await _switch_mid_stream(body, 2, back=True)
         text, ids, _ = _contents(exchange.content)
         assert text == "Hello there" and ids == {"e"}
@@ -158,7 +176,7 @@ def test_a_switch_back_to_eagle_continues_a_baseline_stream_there() -> None:
 
 def test_a_stream_past_half_its_output_budget_stays_where_it_is() -> None:
     async def scenario() -> None:
-        exchange, _, e0, b0 = await _switch_mid_stream({**STREAM_CHAT, "max_tokens": 4}, 2)
+        exchange, _, e0, b0 = await _switch_mid_stream({**PLAIN, "max_tokens": 4}, 2)
         assert _contents(exchange.content)[0] == "Hello world"
         assert not b0.requests and not e0.aborts
 
@@ -167,7 +185,7 @@ def test_a_stream_past_half_its_output_budget_stays_where_it_is() -> None:
 
 def test_a_request_a_continuation_cannot_carry_on_stays_where_it_is() -> None:
     async def scenario() -> None:
-        exchange, _, e0, b0 = await _switch_mid_stream({**STREAM_CHAT, "stop": ["\n"]}, 2)
+        exchange, _, e0, b0 = await _switch_mid_stream({**PLAIN, "stop": ["\n"]}, 2)
         assert _contents(exchange.content)[0] == "Hello world"
         assert not b0.requests and not e0.aborts
 
@@ -177,7 +195,7 @@ def test_a_request_a_continuation_cannot_carry_on_stays_where_it_is() -> None:
 def test_a_stream_whose_context_exceeds_the_switch_budget_stays_where_it_is() -> None:
     async def scenario() -> None:
         # the prompt alone is more than the budget
-        exchange, router, _, b0 = await _switch_mid_stream(STREAM_CHAT, 2, budget=10)
+        exchange, router, _, b0 = await _switch_mid_stream(PLAIN, 2, budget=10)
         assert _contents(exchange.content)[0] == "Hello world"
         assert not b0.requests and router.recalls[0].budget is not None
         assert router.recalls[0].budget.left == 10
@@ -189,7 +207,7 @@ def test_a_refused_continuation_ends_the_stream_with_an_error_event() -> None:
     async def scenario() -> None:
         refused = Gated([b'{"object":"error","message":"no","code":400}'], status=400,
                         headers=JSON)
-        exchange, *_ = await _switch_mid_stream(STREAM_CHAT, 1, baseline=refused)
+        exchange, *_ = await _switch_mid_stream(PLAIN, 1, baseline=refused)
         raw = exchange.content
         assert _contents(raw)[0] == "Hel"
         assert b'"error"' in raw and raw.endswith(DONE)

@@ -60,3 +60,29 @@ def test_a_multi_turn_session_stays_on_its_backend_and_its_prefix_is_cached(
     stats = httpx.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"]
     assert stats["hits"] >= 3 and stats["sessions"] == 1
     proc.wait_idle()
+
+
+def test_a_client_streaming_without_usage_gets_none_and_the_router_reads_the_cache_anyway(
+    sim_group: Callable[..., SimGroup], router: RouterFactory
+) -> None:
+    """The proxy asks the engine for each stream's usage event and drops it before a client
+    that did not ask: the client's stream is what it would be without the router, and the
+    engine's cached-token reports still reach the affinity's retention."""
+    group = sim_group(extra_args=["--enable-cache-report"])
+    proc = router([{"name": "gpu0-baseline", "url": group.baseline_url, "pool": "baseline",
+                    "group": "gpu0"}], env={"SPECROUTER_TELEMETRY__ENABLED": "false"})
+    client = openai.OpenAI(base_url=proc.v1, api_key="unused", max_retries=0, timeout=30.0)
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Repository:\n" + "def f(x):\n    return x + 1\n" * 500}]
+    for _ in range(3):
+        chunks = list(client.chat.completions.create(
+            model="default", messages=messages, max_tokens=8, stream=True))
+        assert chunks and all(c.choices and c.usage is None for c in chunks), chunks
+    asked = list(client.chat.completions.create(
+        model="default", messages=messages, max_tokens=8, stream=True,
+        stream_options={"include_usage": True}))
+    assert asked[-1].choices == [] and asked[-1].usage is not None  # asked: it is kept
+    retention = httpx.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"]["retention"]
+    # a report counts where the index predicted a cached prefix: every turn but the first
+    assert retention["gpu0-baseline"]["samples"] == 3, retention
+    proc.wait_idle()
