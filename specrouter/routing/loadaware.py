@@ -19,7 +19,7 @@ from specrouter.backends import POOL_HEADER, Backend, Pool, other_pool
 from specrouter.config import AdmissionSettings, AffinitySettings
 from specrouter.errors import RouterError
 from specrouter.observe.loadview import BackendView, GroupView, LoadSignal
-from specrouter.routing.affinity.pricing import hold_pool, keep_group_pool
+from specrouter.routing.affinity.pricing import hold_pool, keep_group_pool, leave_evicting_pool
 from specrouter.routing.affinity.tracker import (
     AffinityTracker,
     group_affinity,
@@ -328,12 +328,17 @@ class LoadAwareRouter:
             before = self._states[group.name]
             decision = keep_group_pool(decision, before.pool, before.since, group, lookup,
                                        self._prices)
+            decision = leave_evicting_pool(decision, before.pool, group, lookup,
+                                           self._prices, now)
             decision = hold_pool(decision, group, lookup, self._prices)
         recalls = self._recall_unstarted and decision.recalls
         was = self._states[group.name].pool
         if recalls and was != decision.state.pool:
             self._recalls.recall_group(group.name, was, self._handover_tokens)
         self._states[group.name] = decision.state
+        if self._affinity is not None and was != decision.state.pool:
+            for server in group.servers(decision.state.pool):
+                self._affinity.retention.remeasure(server.name)
         recall = (RecallEvent() if recalls and request.stream and not request.recalled
                   and group.pool_healthy(other_pool(decision.pool)) else None)
         backend = self._least_loaded(group.healthy_servers(decision.pool), policy.load_signal,

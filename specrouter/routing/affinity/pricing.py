@@ -35,7 +35,8 @@ the request `load_ms` for each request already there (its decode steps are share
   counts, for a held session, the mixing cost too (`mixing_ms`): the GPU is
   time-sliced, so a request kept on the other server holds up every request on the
   strategy's for its whole answer, a cost it shares with the requests already there.
-  Otherwise new sessions follow the strategy.
+  Otherwise new sessions follow the strategy. No request is held on a server whose
+  engine is measured to evict what the index predicts it holds (`_evicting`).
 - Group switch: when the strategy switches a group's pool, the live sessions on the old
   pool's servers (`footprint`) follow it, each turn re-prefilling its whole context on
   the shared GPU: the two pools do not run side by side for long (`mixing_ms`). The
@@ -50,6 +51,14 @@ the request `load_ms` for each request already there (its decode steps are share
   retention, `routing/affinity/retention.py`), so the sessions' next turns there
   re-prefill anyway, and the move re-prefills nothing that staying would not; it is
   still kept back where the new pool's caches cannot hold them either.
+- Leaving an evicting pool: where the strategy keeps a group on a pool whose servers
+  evict the live sessions (`evicts`) and the other pool's caches have room for them
+  (`room_tokens`, and not measured to evict either), each turn of every session
+  re-prefills where it is what the engines no longer hold, round after round, while on
+  the other pool only the first turns after the move do. The group moves
+  (`affinity_leave_<pool>`) when one such round of re-prefills costs more than the
+  strategy's pool saves on one answer of every request in the group and of every live
+  session (`keep_group_pool`'s price, from the other side).
 """
 
 from __future__ import annotations
@@ -75,7 +84,8 @@ EVICTING_RETENTION = 0.5
 #: The reasons the affinity override gives (part of pool_choice.REASONS).
 AFFINITY_REASONS: tuple[str, ...] = (
     "affinity_hold_baseline", "affinity_hold_eagle", "affinity_room_baseline",
-    "affinity_room_eagle", "affinity_keep_baseline", "affinity_keep_eagle")
+    "affinity_room_eagle", "affinity_keep_baseline", "affinity_keep_eagle",
+    "affinity_leave_baseline", "affinity_leave_eagle")
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +182,9 @@ def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
     mixing: a server whose live sessions overflow its KV pool also bounds its running
     batch and queues, a cost the re-prefill price leaves out and that outweighs it.
 
-    Any request may stay on the baseline for its prefix (`affinity_hold_baseline`).
+    Any request may stay on the baseline for its prefix (`affinity_hold_baseline`), and
+    no request stays on a server measured to evict what the index predicts it holds
+    (`_evicting`): its prefix is likely gone there.
     EAGLE-3 is kept only for a session whose last request went to the server that holds
     it (`affinity_hold_eagle`); a request sharing a prefix with others follows the
     strategy, so one prefill teaches the baseline the prefix. Cache room counts only for
@@ -185,7 +197,8 @@ def hold_pool(decision: Decision, group: GroupView, lookup: Lookup,
     if not (w_server and o_server):
         return decision
     holds = on_other > on_want
-    if other == "eagle" and holds and lookup.session_backend != o_server:
+    if holds and (_evicting(o_server, lookup)
+                  or (other == "eagle" and lookup.session_backend != o_server)):
         return decision
     prompt = max(lookup.prompt_tokens, on_want, on_other)
     extra = (placement_tokens(prompt, on_want, lookup.footprint, lookup.cache_tokens, w_server)
@@ -231,10 +244,46 @@ def evicts(group: GroupView, pool: Pool, lookup: Lookup) -> bool:
     """Whether every healthy server of `pool` in `group` that holds live sessions is
     measured to evict them (retention below `EVICTING_RETENTION`); False where one is not
     measured (its engine sends no cache report, or too few yet)."""
-    footprint, measured = lookup.footprint or {}, lookup.retention or {}
+    footprint = lookup.footprint or {}
     servers = [b.name for b in group.healthy_servers(pool) if footprint.get(b.name, 0.0) > 0]
-    return bool(servers) and all(measured.get(name, 1.0) < EVICTING_RETENTION
-                                 for name in servers)
+    return bool(servers) and all(_evicting(name, lookup) for name in servers)
+
+
+def _evicting(server: str, lookup: Lookup) -> bool:
+    """Whether `server`'s engine is measured to evict what the index predicts it holds."""
+    return (lookup.retention or {}).get(server, 1.0) < EVICTING_RETENTION
+
+
+def _live_tokens(group: GroupView, pool: Pool, footprint: Mapping[str, float]) -> float:
+    """The live sessions' tokens on `pool`'s healthy servers in `group`."""
+    return sum(max(0.0, footprint.get(b.name, 0.0)) for b in group.healthy_servers(pool))
+
+
+def leave_evicting_pool(decision: Decision, previous_pool: Pool, group: GroupView,
+                        lookup: Lookup, prices: AffinityPrices, now: float) -> Decision:
+    """`decision`, or the group moved to the other pool when the strategy keeps it on
+    `previous_pool`, whose servers evict the live sessions, and the move pays for itself
+    (module docstring, leaving an evicting pool). Only for a request with a session key
+    (the footprint is known) and a strategy that predicts both pools."""
+    pool = previous_pool
+    predictions = decision.predictions
+    if (decision.pool != pool or decision.state.pool != pool or lookup.footprint is None
+            or predictions is None or len(predictions) < 2 or not evicts(group, pool, lookup)):
+        return decision
+    other = other_pool(pool)
+    moved = _live_tokens(group, pool, lookup.footprint)
+    room = room_tokens(group, other, lookup)
+    if room is None or moved > room or evicts(group, other, lookup):
+        return decision
+    measured = lookup.retention or {}
+    kept = max(measured.get(b.name, 0.0) for b in group.healthy_servers(pool)
+               if lookup.footprint.get(b.name, 0.0) > 0)
+    sessions = moved / max(lookup.prompt_tokens, 1.0)
+    loss = (decision.load + 1.0 + sessions) * pool_saving_ms(pool, predictions, prices)
+    if switch_cost_ms(moved * (1.0 - kept), decision.load, prices) <= loss:
+        return decision
+    return replace(decision, pool=other, state=decision.state.switched(other, now),
+                   reason=f"affinity_leave_{pool}")
 
 
 def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: float,
@@ -249,8 +298,7 @@ def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: flo
     predictions = decision.predictions
     if lookup.footprint is None or predictions is None or len(predictions) < 2:
         return decision
-    moved = sum(max(0.0, lookup.footprint.get(b.name, 0.0))
-                for b in group.healthy_servers(previous_pool))
+    moved = _live_tokens(group, previous_pool, lookup.footprint)
     if moved <= 0:
         return decision
     sessions = moved / max(lookup.prompt_tokens, 1.0)

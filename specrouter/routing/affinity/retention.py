@@ -16,7 +16,9 @@ evicted it. With `applied` off (the default, `affinity.retention_applied`) the r
 is measured and shown only, and the index's prediction counts whole: applied, it lost
 goodput on the agentic bench (docs/policy.md section 9). Either way a backend's
 retention over `MIN_SAMPLES` reports or more is `measured`: the group-switch guard
-(`pricing.keep_group_pool`) reads it to tell a server that evicts its sessions.
+(`pricing.keep_group_pool`) and the move off an evicting pool
+(`pricing.leave_evicting_pool`) read it to tell a server that evicts its sessions. A
+group's move onto a pool has its servers measured anew (`remeasure`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ class Retention:
                 self._lost.popitem(last=False)
         elif self._lost.get(session) == backend:
             del self._lost[session]
+
+    def remeasure(self, backend: str) -> None:
+        """Measure `backend` anew from its next reports (the group moved onto it: its cache
+        now holds what the group left there, not what it held when it last reported)."""
+        if backend in self._share:
+            self._share[backend], self._samples[backend] = 1.0, 0
+            self.measured.pop(backend, None)
 
     def stats(self) -> dict[str, Any]:
         """For GET /policy: per backend the retention and the reports it rests on."""

@@ -10,6 +10,7 @@ from specrouter.routing.affinity.pricing import (
     GroupAffinity,
     hold_pool,
     keep_group_pool,
+    leave_evicting_pool,
     placement_tokens,
     pool_saving_ms,
     switch_cost_ms,
@@ -95,6 +96,13 @@ def test_a_session_on_eagle_stays_when_moving_costs_more_than_the_baseline_saves
                          session_backend="g0-eagle"), PRICES)
     assert (out.pool, out.reason) == ("baseline", "strategy_baseline")
     assert pool_saving_ms("baseline", heavy, PRICES) == 20.0 * 256  # type: ignore[arg-type]
+    # an EAGLE-3 engine measured to evict its sessions holds nothing to stay for
+    d = decision("baseline", predictions=light)
+    for server in ("g0-eagle", "g0-base"):
+        evicting = look({"g0-eagle": 30_000.0, "g0-base": 2_000.0},
+                        session_backend="g0-eagle", retention={server: 0.2})
+        out = hold_pool(d, group("g0"), evicting, PRICES)
+        assert out.pool == ("baseline" if server == "g0-eagle" else "eagle"), server
 
 
 def test_a_new_session_goes_where_the_cache_has_room() -> None:
@@ -247,3 +255,53 @@ def test_a_switch_away_from_servers_that_evict_their_sessions_is_not_kept_back()
                        retention=retention)
         out = keep_group_pool(d, "eagle", 7.0, group("g0"), holding, PRICES)
         assert (out.pool, out.reason) == ("eagle", "affinity_keep_eagle")
+
+
+def test_a_group_leaves_servers_that_evict_its_sessions_for_caches_with_room() -> None:
+    # EAGLE-3 saves 1 ms a token: (3 + 1 + 3) x 256 = 1,792 ms per round of answers; its
+    # engine reports a fifth of three 30k sessions cached, so each round re-prefills
+    # 90k x 0.8 x 0.02 x (1 + 3) = 5,760 ms that the baseline's room would keep cached
+    near = {"eagle": pred("eagle", 9.0), "baseline": pred("baseline", 10.0)}
+    d = switching("eagle", predictions=near)  # the strategy keeps the group on EAGLE-3
+    live = {"g0-eagle": 90_000.0, "g0-base": 0.0}
+    caches = {"g0-eagle": 6e4, "g0-base": 4e5}
+    evicting = look({}, prompt=30_000.0, footprint=live, caches=caches,
+                    retention={"g0-eagle": 0.2})
+    out = leave_evicting_pool(d, "eagle", group("g0"), evicting, PRICES, 80.0)
+    assert (out.pool, out.reason, out.recalls) == ("baseline", "affinity_leave_eagle", True)
+    assert (out.state.pool, out.state.since) == ("baseline", 80.0)
+    # far below the crossover EAGLE-3 saves 20 ms a token (35,840 ms): it stays
+    far = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 30.0)}
+    slow = switching("eagle", predictions=far)
+    assert leave_evicting_pool(slow, "eagle", group("g0"), evicting, PRICES, 80.0) is slow
+
+
+def test_a_group_stays_where_leaving_would_not_keep_its_sessions_cached() -> None:
+    near = {"eagle": pred("eagle", 9.0), "baseline": pred("baseline", 10.0)}
+    d = switching("eagle", predictions=near)
+    live = {"g0-eagle": 90_000.0, "g0-base": 0.0}
+    # the baseline's cache cannot hold the sessions either, or is not known
+    for caches in ({"g0-eagle": 6e4, "g0-base": 8e4}, {"g0-eagle": 6e4}, None):
+        small = look({}, prompt=30_000.0, footprint=live, caches=caches,
+                     retention={"g0-eagle": 0.2})
+        assert leave_evicting_pool(d, "eagle", group("g0"), small, PRICES, 80.0) is d
+    roomy = {"g0-eagle": 6e4, "g0-base": 4e5}
+    # EAGLE-3 holds what the index predicts, or is not measured: nothing to leave
+    for retention in ({"g0-eagle": 0.8}, {}, None):
+        holding = look({}, prompt=30_000.0, footprint=live, caches=roomy,
+                       retention=retention)
+        assert leave_evicting_pool(d, "eagle", group("g0"), holding, PRICES, 80.0) is d
+    # the baseline's engine evicts its own sessions too
+    both = look({}, prompt=30_000.0, footprint={**live, "g0-base": 30_000.0}, caches=roomy,
+                retention={"g0-eagle": 0.2, "g0-base": 0.3})
+    assert leave_evicting_pool(d, "eagle", group("g0"), both, PRICES, 80.0) is d
+    # not the strategy keeping the group: a switch (keep_group_pool's case)
+    evicting = look({}, prompt=30_000.0, footprint=live, caches=roomy,
+                    retention={"g0-eagle": 0.2})
+    s = switching("baseline", predictions=near)
+    assert leave_evicting_pool(s, "eagle", group("g0"), evicting, PRICES, 80.0) is s
+    # no session key (no footprint), or a strategy without predictions
+    bare = look({"g0-eagle": 3e4}, retention={"g0-eagle": 0.2})
+    assert leave_evicting_pool(d, "eagle", group("g0"), bare, PRICES, 80.0) is d
+    blind = switching("eagle")
+    assert leave_evicting_pool(blind, "eagle", group("g0"), evicting, PRICES, 80.0) is blind

@@ -240,3 +240,20 @@ def test_a_turn_the_engine_reports_uncached_ends_the_sessions_hold() -> None:
     assert (moved.pool, moved.reason) == ("eagle", "below_switch_down")
     retention = router.live_view()["affinity"]["retention"]
     assert retention[t.backend.name] == {"share": 0.8, "samples": 1, "applied": True}
+
+
+def test_a_group_moving_onto_a_pool_has_its_servers_measured_anew() -> None:
+    router, _ = make(SETTINGS, switch_up=2, switch_down=0.5)
+    g0_base = TWO_GROUPS[1]
+    for _ in range(5):  # the baseline evicted five turns before the group left it
+        router.observe_cached(Target("g0", "baseline", g0_base, "x", predicted_cached=1.0),
+                              40_000, 0)
+    retention = router.live_view()["affinity"]["retention"]
+    assert retention["g0-b"]["samples"] == 5 and retention["g0-b"]["share"] < 0.5
+    targets = []
+    while not any(t.group == "g0" and t.pool == "baseline" for t in targets):
+        targets.append(router.choose(RequestInfo("/v1/chat/completions")))
+        router.acquire(targets[-1])
+        assert len(targets) < 20
+    retention = router.live_view()["affinity"]["retention"]
+    assert retention["g0-b"] == {"share": 1.0, "samples": 0, "applied": False}
