@@ -656,8 +656,10 @@ def agentic_section(result: dict[str, Any],
                 prefill = (v.get("engines") or {}).get("prefill_tokens")
                 moves = v.get("session_moves") or {}
                 cpu = max((x for k, x in (v.get("cpu_cores") or {}).items()), default=0.0)
+                runs = v.get("goodput_runs")
+                spread = "" if not runs else " (runs " + " / ".join(_f(g) for g in runs) + ")"
                 lines.append(
-                    f"| {config} | {_f(v['goodput_tok_s'])} | {_f(v['output_tok_s'])} | "
+                    f"| {config} | {_f(v['goodput_tok_s'])}{spread} | {_f(v['output_tok_s'])} | "
                     f"{v['slo_met']}/{v['requests']} | {_pct(v.get('cached_share'))} | "
                     f"{_f(None if prefill is None else prefill / 1e6, 2)} | "
                     f"{_f(v['ttft']['p50'], 2)} | {_f(v['ttft']['p99'], 2)} | "

@@ -121,6 +121,10 @@ class AgenticSettings:
         "seed-coding": (3.0, 0.05), "h200-llama3-8b": (2.0, 0.02)})
     slo_note: str = ""  # why these limits (for the report); SLO_NOTE when empty
     out_dir: str | None = None
+    # runs of every config at every rate, interleaved (all configs once, then again): a
+    # cell is judged by its median run; one run cannot separate changes of +-25% at the
+    # saturating rates (docs/policy.md section 9)
+    repeats: int = 1
 
     def rates_of(self, profile: str) -> list[float]:
         return self.profile_rates.get(profile) or [0.5]
@@ -212,6 +216,21 @@ def verdict(level: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 # --- running one config -------------------------------------------------------------------------
 
+def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One cell's result from its repeated runs: the run with the median goodput (the
+    lower one of an even count), so every figure comes from one run, and with more than
+    one run every run's goodput in run order (`goodput_runs`). A cell with no measured run
+    is its first run's error."""
+    measured = [r for r in runs if "error" not in r]
+    if not measured:
+        return runs[0]
+    ranked = sorted(measured, key=lambda r: r["goodput_tok_s"])
+    median = dict(ranked[(len(ranked) - 1) // 2])
+    if len(runs) > 1:
+        median["goodput_runs"] = [None if "error" in r else r["goodput_tok_s"] for r in runs]
+    return median
+
+
 def _engine_counters(urls: Sequence[str]) -> dict[str, Any]:
     """Prefill and cache counters summed over the engines (None where not reported)."""
     keys = ("prefill_tokens", "prompt_tokens", "cached_tokens", "generated_tokens",
@@ -289,10 +308,11 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_config(config: str, profile: str, s: AgenticSettings, options: str,
-               log: Callable[[str], None]) -> list[dict[str, Any]]:
+               log: Callable[[str], None], run: int = 0) -> list[dict[str, Any]]:
     """Every rate of one profile through one config, lightest first, on the same
     processes: between rates every engine's prefix cache is emptied, and each rate plays
-    sessions of its own (new repositories and keys; the shared system prompt is the same)."""
+    sessions of its own (new repositories and keys; the shared system prompt is the same).
+    `run` numbers the repeat (its CSV files carry it when there are several)."""
     scale = s.scale_of(profile)
     shape = s.shape()
     ttft, tpot = s.slo[profile]
@@ -368,8 +388,9 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
             out.append(level)
             if s.out_dir:
                 Path(s.out_dir).mkdir(parents=True, exist_ok=True)
+                suffix = f"-run{run + 1}" if s.repeats > 1 else ""
                 write_tagged_csv(
-                    Path(s.out_dir) / f"agentic-{profile}-{rate:g}-{config}.csv",
+                    Path(s.out_dir) / f"agentic-{profile}-{rate:g}-{config}{suffix}.csv",
                     [({"session": t.session, "turn": t.turn,
                        "cached_tokens": t.cached_tokens}, t.request) for t in turns])
             _log_level(log, profile, rate, config, level)
@@ -395,16 +416,18 @@ def run_agentic(s: AgenticSettings, log: Callable[[str], None] = print) -> dict[
         "profiles": {}}
     for profile in s.profiles:
         rates = s.rates_of(profile)
-        by_config: dict[str, list[dict[str, Any]]] = {}
-        for config in s.configs:
-            try:
-                by_config[config] = run_config(config, profile, s, options, log)
-            except RuntimeError as exc:
-                log(f"  agentic {profile} {config}: FAILED {str(exc)[:300]}")
-                by_config[config] = [{"error": str(exc)[-2000:]} for _ in rates]
+        repeats: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in s.configs}
+        for run in range(s.repeats):
+            for config in s.configs:
+                try:
+                    repeats[config].append(run_config(config, profile, s, options, log, run))
+                except RuntimeError as exc:
+                    log(f"  agentic {profile} {config}: FAILED {str(exc)[:300]}")
+                    repeats[config].append([{"error": str(exc)[-2000:]} for _ in rates])
         levels: list[dict[str, Any]] = []
         for n, rate in enumerate(rates):
-            configs = {c: runs[n] for c, runs in by_config.items() if n < len(runs)}
+            configs = {c: median_run([r[n] for r in runs if n < len(r)])
+                       for c, runs in repeats.items() if any(n < len(r) for r in runs)}
             ok = {c: v for c, v in configs.items() if "error" not in v}
             levels.append({"rate": rate, "configs": configs, "verdict": verdict(ok)})
         result["profiles"][profile] = levels
@@ -446,6 +469,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="simulated seconds over which sessions arrive")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--token-factor", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of every config at every rate, interleaved; each cell "
+                        "is judged by its median run")
     parser.add_argument("--cost-model-ctx", type=int, default=COST_MODEL_CTX,
                         help="context tokens of the router's cost model; 0: the "
                         "workload's mean prompt")
@@ -456,7 +482,7 @@ def settings_from_args(args: argparse.Namespace) -> AgenticSettings:
         profiles=[p for p in args.profiles.split(",") if p], window_s=args.window,
         configs=[c for c in args.configs.split(",") if c], token_factor=args.token_factor,
         cost_model_ctx=getattr(args, "cost_model_ctx", COST_MODEL_CTX),
-        seed=args.seed, out_dir=args.out)
+        seed=args.seed, out_dir=args.out, repeats=max(1, getattr(args, "repeats", 1)))
     if args.time_scale > 0:
         s.profile_time_scales = {p: args.time_scale for p in s.profiles}
     if args.rates:

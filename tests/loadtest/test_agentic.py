@@ -28,6 +28,7 @@ from loadtest.scenarios.agentic import (
     cached_share,
     level_summary,
     mean_context_tokens,
+    median_run,
     router_cost_model_env,
     router_strategy_env,
     session_moves,
@@ -237,3 +238,16 @@ def test_the_cost_model_context_is_the_sweeps_unless_asked() -> None:
     args = parser.parse_args([*common, "--cost-model-ctx", "0"])
     args.seed, args.out, args.time_scale, args.quick = 7, None, 0.0, False
     assert settings_from_args(args).cost_model_ctx == 0  # 0: mean_context_tokens
+
+
+def test_a_repeated_cell_is_its_median_run_and_keeps_every_runs_goodput() -> None:
+    runs = [{"goodput_tok_s": 80.0, "slo_met": 40}, {"error": "sim died"},
+            {"goodput_tok_s": 52.0, "slo_met": 30}, {"goodput_tok_s": 70.0, "slo_met": 38}]
+    cell = median_run(runs)
+    # the measured runs ranked 52, 70, 80: the median's own figures, every run in order
+    assert cell["slo_met"] == 38 and cell["goodput_tok_s"] == 70.0
+    assert cell["goodput_runs"] == [80.0, None, 52.0, 70.0]
+    assert median_run([runs[0]]) == runs[0]  # one run: as it was
+    assert median_run([runs[1], runs[1]]) == runs[1]  # nothing measured
+    # an even count takes the lower middle
+    assert median_run([runs[0], runs[2]])["goodput_tok_s"] == 52.0

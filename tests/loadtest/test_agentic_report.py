@@ -47,3 +47,11 @@ def test_a_router_behind_the_adaptive_engine_is_shown_what_differs() -> None:
     level["verdict"]["vs_adaptive"]["met"] = True
     lines, _ = report.agentic_section(recorded, {})
     assert not any("measured beside it" in x for x in lines)
+
+
+def test_a_repeated_cell_shows_every_runs_goodput() -> None:
+    recorded = json.loads(RECORDED.read_text(encoding="utf-8"))
+    router = recorded["profiles"]["h200-llama3-8b"][0]["configs"]["router"]
+    router["goodput_runs"] = [320.5, 347.0, 361.25]
+    lines, _ = report.agentic_section(recorded, {})
+    assert any(x.startswith("| router | 347.0 (runs 320.5 / 347.0 / 361.2) |") for x in lines)
