@@ -40,7 +40,8 @@ def strip_usage(held: bytes, data: bytes) -> tuple[bytes, bytes]:
     back: an unfinished last event that may yet turn out to be the usage event (its
     choices not received yet, or it is the usage event and its end is not). `held` is
     what the previous call held back. A normal event is never held once its first choice
-    is in, so holding delays only an event whose first bytes the engine's write split."""
+    is in, nor a finished one's boundary, so holding delays only an event whose first
+    bytes the engine's write split."""
     if held:
         data = held + data
     if data.endswith(_BOUNDARY) and _NO_CHOICE not in data:
@@ -48,14 +49,16 @@ def strip_usage(held: bytes, data: bytes) -> tuple[bytes, bytes]:
     cut = data.rfind(_BOUNDARY)
     cut = 0 if cut < 0 else cut + len(_BOUNDARY)
     rest = data[cut:]
+    cut += len(rest) - len(rest.lstrip(b"\n"))  # the end of a boundary split by the read
+    rest = data[cut:]
     if not rest or _A_CHOICE in rest:
         return _without_usage(data), b""
     return _without_usage(data[:cut]), rest
 
 
 def held_at_end(held: bytes) -> bytes:
-    """What of the bytes held back the client gets when the stream ends with them: all
-    but the usage event's start."""
+    """What of the bytes held back (an unfinished event) the client gets when the stream
+    ends with them: all of them but the usage event's."""
     return held[:_event_start(held, held.find(_NO_CHOICE))] if _NO_CHOICE in held else held
 
 

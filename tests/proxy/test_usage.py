@@ -50,10 +50,22 @@ def _cuts(data: bytes, at: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(points) if b > a]
 
 
+def test_every_read_split_at_one_point_or_around_one_byte() -> None:
+    for a in range(1, len(STREAM)):
+        _check_split([a])
+        _check_split([a, a + 1])
+
+
 @given(st.lists(st.integers(min_value=1, max_value=len(STREAM) - 1), max_size=12))
 @settings(max_examples=300, deadline=None)
 def test_the_client_gets_the_stream_without_the_usage_event_however_it_is_split(
         at: list[int]) -> None:
+    _check_split(at)
+
+
+def _check_split(at: list[int]) -> None:
+    """The client's bytes for STREAM cut at `at`: no usage event, nothing else changed,
+    and after every read each event whose end has arrived."""
     reads = _cuts(STREAM, at)
     out, after = _through(reads)
     assert out == WITHOUT + DONE
@@ -83,7 +95,9 @@ def test_a_stream_cut_inside_its_usage_event_ends_without_it() -> None:
     out, held = strip_usage(b"", WITHOUT[:-1])
     assert out == WITHOUT[:-1] and held == b""
     out, held = strip_usage(held, WITHOUT[-1:] + USAGE[:cut])
-    assert out == b"" and held_at_end(held) == b"\n"
+    assert out == b"\n" and held_at_end(held) == b""
+    # nor is that boundary's end held back when the read ends with it
+    assert strip_usage(b"", WITHOUT[-1:]) == (b"\n", b"")
 
 
 def test_an_error_event_is_held_only_until_its_end() -> None:
