@@ -244,9 +244,14 @@ def evicts(group: GroupView, pool: Pool, lookup: Lookup) -> bool:
     """Whether every healthy server of `pool` in `group` that holds live sessions is
     measured to evict them (retention below `EVICTING_RETENTION`); False where one is not
     measured (its engine sends no cache report, or too few yet)."""
-    footprint = lookup.footprint or {}
-    servers = [b.name for b in group.healthy_servers(pool) if footprint.get(b.name, 0.0) > 0]
+    servers = _with_sessions(group, pool, lookup)
     return bool(servers) and all(_evicting(name, lookup) for name in servers)
+
+
+def _with_sessions(group: GroupView, pool: Pool, lookup: Lookup) -> list[str]:
+    """`pool`'s healthy servers in `group` that hold live sessions."""
+    footprint = lookup.footprint or {}
+    return [b.name for b in group.healthy_servers(pool) if footprint.get(b.name, 0.0) > 0]
 
 
 def _evicting(server: str, lookup: Lookup) -> bool:
@@ -276,8 +281,7 @@ def leave_evicting_pool(decision: Decision, previous_pool: Pool, group: GroupVie
     if room is None or moved > room or evicts(group, other, lookup):
         return decision
     measured = lookup.retention or {}
-    kept = max(measured.get(b.name, 0.0) for b in group.healthy_servers(pool)
-               if lookup.footprint.get(b.name, 0.0) > 0)
+    kept = max(measured.get(name, 0.0) for name in _with_sessions(group, pool, lookup))
     sessions = moved / max(lookup.prompt_tokens, 1.0)
     loss = (decision.load + 1.0 + sessions) * pool_saving_ms(pool, predictions, prices)
     if switch_cost_ms(moved * (1.0 - kept), decision.load, prices) <= loss:
