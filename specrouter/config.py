@@ -363,6 +363,11 @@ class AffinitySettings(_Section):
     session_home: bool = False
     expected_output_tokens: int = Field(default=256, ge=0)
     eagle_saving_ms_per_token: float = Field(default=2.0, ge=0)
+    # the time per output token the operator's SLO allows, in ms as the router relays
+    # streamed answers (first chunk to last over the tokens after the first): while the
+    # servers holding a group's live sessions answer within it, the group does not move
+    # them to a faster pool (0: no objective; routing/affinity/objective.py)
+    tpot_slo_ms: float = Field(default=0.0, ge=0)
     # weight of one engine report of cached tokens in a backend's retention
     # (routing/affinity/retention.py)
     retention_weight: float = Field(default=0.2, gt=0, le=1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
@@ -67,6 +68,7 @@ from specrouter.proxy.response import (
     is_event_stream,
     read_whole,
     reported_cache,
+    reported_completion_tokens,
     response_headers,
     send_json,
     stream_error_trailer,
@@ -207,7 +209,7 @@ class RequestCycle:
     """
 
     __slots__ = ("answer", "body", "client_gone", "client_rids", "disconnect_watch",
-                 "finished", "generation", "handed", "head", "info", "method", "path",
+                 "finished", "first_at", "generation", "handed", "head", "info", "method", "path",
                  "proxy", "relay", "router", "send", "task", "usage_asked", "writer")
 
     def __init__(self, proxy: Proxy, scope: Scope, send: Send, head: RequestHead,
@@ -236,6 +238,7 @@ class RequestCycle:
         self.handed: Restamp | None = None
         self.relay: StreamRelay | None = None
         self.answer = b""  # a non-stream answer's body, read for its usage
+        self.first_at: float | None = None  # when a stream's first chunk came (monotonic)
 
     async def run(self, receive: Receive) -> None:
         self.task = task = asyncio.current_task()
@@ -408,18 +411,23 @@ class RequestCycle:
             if error is None and status >= 500:
                 error = f"HTTP {status}"
             if error is None and self.generation and status < 300:
-                self._observe_cached(target)
+                self._observe_answer(target)
             if not attempt.cut_by_router:
                 self.router.record_outcome(name, error is None, error)
         finally:
             await response.aclose()
 
-    def _observe_cached(self, target: Target) -> None:
-        """Tell the router what the engine reported it had cached of this request."""
+    def _observe_answer(self, target: Target) -> None:
+        """Tell the router what the engine reported it had cached of this request and, for
+        a stream, its time per output token after the first (first chunk to end)."""
         data = self.answer or (self.relay.tail if self.relay is not None else b"")
         seen = reported_cache(data)
         if seen is not None:
             self.router.observe_cached(target, *seen)
+        tokens = reported_completion_tokens(data) if self.first_at is not None else None
+        if self.first_at is not None and tokens is not None and tokens > 1:
+            took_ms = (time.monotonic() - self.first_at) * 1000.0
+            self.router.observe_pace(target, took_ms / (tokens - 1))
 
     def _retry_exclude(self, tried: frozenset[str], failed: Target,
                        unreachable: bool) -> frozenset[str]:
@@ -485,6 +493,7 @@ class RequestCycle:
             chunks = response.iter_raw()
             first = await unless_recalled(first_chunk(chunks), target.recall)
             if first is not None:
+                self.first_at = time.monotonic()
                 if may_retry:
                     self._retry_error_event(first, attempt)
                 await send(start)

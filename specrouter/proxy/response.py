@@ -27,7 +27,8 @@ _NOT_RELAYED = HOP_BY_HOP | {b"date", b"server", b"content-length", REQUEST_ID}
 # would reach the client and the router's metrics as if the router had said them.
 _OURS = b"x-specrouter-"
 # bytes of a stream kept to check that it ended with `data: [DONE]` and to read the
-# engine's report of cached tokens in its last usage event (`reported_cache`)
+# engine's report of cached and output tokens in its last usage event (`reported_cache`,
+# `reported_completion_tokens`)
 STREAM_TAIL = 1024
 #: The scope extension under which a server offers a `ChunkWriter` to the client's
 #: connection: it writes one chunk of the chunked response the app already started, or
@@ -196,6 +197,7 @@ class StreamRelay:
 
 _CACHED_KEY = b'"cached_tokens":'
 _PROMPT_KEY = b'"prompt_tokens":'
+_COMPLETION_KEY = b'"completion_tokens":'
 
 
 def _int_after(data: bytes, key: bytes) -> int | None:
@@ -222,6 +224,12 @@ def reported_cache(data: bytes) -> tuple[int, int] | None:
         return None
     prompt = _int_after(data, _PROMPT_KEY)
     return None if prompt is None else (prompt, cached)
+
+
+def reported_completion_tokens(data: bytes) -> int | None:
+    """The output tokens of the last usage SGLang wrote in `data`: `usage.completion_tokens`
+    (`meta_info` on /generate). None when missing."""
+    return _int_after(data, _COMPLETION_KEY)
 
 
 def ended_with_done(tail: bytes) -> bool:

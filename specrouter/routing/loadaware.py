@@ -195,6 +195,10 @@ class LoadAwareRouter:
             self._affinity.observe_cached(target.backend.name, target.session,
                                           target.predicted_cached, prompt_tokens, cached_tokens)
 
+    def observe_pace(self, target: Target, tpot_ms: float) -> None:
+        if self._affinity is not None:
+            self._affinity.observe_pace(target.backend.name, tpot_ms)
+
     def healthy(self, backend: str) -> bool:
         return self.monitor.health.healthy(backend)
 

@@ -160,6 +160,10 @@ class Router(Protocol):
         """The engine's report for a request answered by `target.backend`: of its
         `prompt_tokens`, `cached_tokens` were in its prefix cache."""
 
+    def observe_pace(self, target: Target, tpot_ms: float) -> None:
+        """A streamed answer from `target.backend` took `tpot_ms` per output token after
+        its first, in the router's clock."""
+
     def healthy(self, backend: str) -> bool: ...
 
     def inflight(self, backend: str) -> int: ...

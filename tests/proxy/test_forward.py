@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Coroutine, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from starlette.types import Message
 
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
+from specrouter.proxy import forward
 from specrouter.proxy.abort import client_rids, rid_field
 from specrouter.proxy.first_event import event_status
 from specrouter.proxy.request import with_first_fields
@@ -381,17 +383,26 @@ TEXT = (b'data: {"choices":[{"delta":{"content":"\\"cached_tokens\\": 9, '
         b'\\"prompt_tokens\\": 9"}}]}\n\n')
 
 
-def test_a_streams_usage_tells_the_router_what_the_engine_had_cached() -> None:
+def test_a_streams_usage_tells_the_router_what_the_engine_had_cached(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the relay's clock: the first chunk at 10.0 s, the end 0.51 s later (then the
+    # second stream's first chunk)
+    ticks = iter([10.0, 10.51, 20.0])
+    monkeypatch.setattr(forward, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+
     async def scenario() -> None:
         router = ListRouter()
         e0 = Backend_([TEXT, TEXT, USAGE, DONE])
         await Exchange(make_app(router, e0, Backend_()), "/v1/chat/completions",
                        STREAM_CHAT).run()
         assert router.cached == [("e0", 30000, 27500)]
+        # and how fast it came: 510 ms over the 255 tokens after the first
+        assert router.paces == [("e0", pytest.approx(2.0))]
         without = ListRouter()  # no usage event (include_usage off): nothing reported
         await Exchange(make_app(without, Backend_([TEXT, DONE]), Backend_()),
                        "/v1/chat/completions", STREAM_CHAT).run()
-        assert without.cached == []
+        assert without.cached == [] and without.paces == []
+        assert next(ticks, None) is None  # the second stream's end was never timed
 
     run(scenario())
 
@@ -411,5 +422,6 @@ def test_a_non_stream_answer_tells_the_router_what_the_engine_had_cached() -> No
         await exchange.run()
         assert exchange.content == body
         assert router.cached == [("e0", 4000, 3968)]
+        assert router.paces == []  # a whole answer tells nothing of its pace
 
     run(scenario())

@@ -50,7 +50,11 @@ the request `load_ms` for each request already there (its decode steps are share
   their engines report under `EVICTING_RETENTION` of the index's predictions cached (the
   retention, `routing/affinity/retention.py`), so the sessions' next turns there
   re-prefill anyway, and the move re-prefills nothing that staying would not; it is
-  still kept back where the new pool's caches cannot hold them either.
+  still kept back where the new pool's caches cannot hold them either. With the
+  operator's TPOT objective set, a switch gains nothing while the servers holding the
+  live sessions answer within it (`meets_objective`, `objective.py`): the sessions'
+  answers already meet the SLO there, and the move's re-prefill would cost some of them
+  their TTFT.
 - Leaving an evicting pool: where the strategy keeps a group on a pool whose servers
   evict the live sessions (`evicts`) and the other pool's caches have room for them
   (`room_tokens`, and not measured to evict either), each turn of every session
@@ -254,6 +258,14 @@ def _with_sessions(group: GroupView, pool: Pool, lookup: Lookup) -> list[str]:
     return [b.name for b in group.healthy_servers(pool) if footprint.get(b.name, 0.0) > 0]
 
 
+def meets_objective(group: GroupView, pool: Pool, lookup: Lookup) -> bool:
+    """Whether every server of `pool` in `group` with live sessions answers within the
+    operator's TPOT objective (`Lookup.meeting_slo`; never without an objective)."""
+    servers = _with_sessions(group, pool, lookup)
+    return (lookup.meeting_slo is not None and bool(servers)
+            and all(s in lookup.meeting_slo for s in servers))
+
+
 def _evicting(server: str, lookup: Lookup) -> bool:
     """Whether `server`'s engine is measured to evict what the index predicts it holds."""
     return (lookup.retention or {}).get(server, 1.0) < EVICTING_RETENTION
@@ -306,8 +318,9 @@ def keep_group_pool(decision: Decision, previous_pool: Pool, previous_since: flo
     if moved <= 0:
         return decision
     sessions = moved / max(lookup.prompt_tokens, 1.0)
-    gain = (decision.load + 1.0 + sessions) * pool_saving_ms(decision.pool, predictions,
-                                                             prices)
+    gain = (0.0 if meets_objective(group, previous_pool, lookup) else
+            (decision.load + 1.0 + sessions) * pool_saving_ms(decision.pool, predictions,
+                                                              prices))
     held = not evicts(group, previous_pool, lookup)  # else the move re-prefills nothing
     if ((not held or switch_cost_ms(moved, decision.load, prices) <= gain)
             and not overflows(moved, group, previous_pool, decision.pool, lookup)):

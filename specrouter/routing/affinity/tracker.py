@@ -20,6 +20,7 @@ from specrouter.config import AffinitySettings
 from specrouter.observe.loadview import GroupView
 from specrouter.routing.affinity.index import PrefixIndex, SessionTable
 from specrouter.routing.affinity.keys import PrefixKeys, home_group
+from specrouter.routing.affinity.objective import TpotObjective
 from specrouter.routing.affinity.pricing import AffinityPrices, GroupAffinity
 from specrouter.routing.affinity.retention import Retention
 
@@ -42,6 +43,9 @@ class Lookup:
     # per backend its engine's measured retention (`Retention.measured`): what it held of
     # the index's predictions over its recent reports
     retention: Mapping[str, float] | None = None
+    # with a TPOT objective: the backends whose recent answers meet it
+    # (`TpotObjective.meeting`); None without one
+    meeting_slo: frozenset[str] | None = None
 
     @property
     def any(self) -> bool:
@@ -55,8 +59,10 @@ class AffinityTracker:
                  block_tokens: float, max_sessions: int,
                  configured: Iterable[str] = (), live_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic,
-                 retention: Retention | None = None) -> None:
+                 retention: Retention | None = None,
+                 objective: TpotObjective | None = None) -> None:
         self._block_tokens = block_tokens
+        self.objective = objective
         self._indexes = {
             b: PrefixIndex(max(1, int(capacity_tokens[b] / block_tokens))) for b in backends}
         self.retention = (retention if retention is not None
@@ -110,8 +116,9 @@ class AffinityTracker:
             return Lookup(held, prompt, predicted=predicted)
         footprint = self._sessions.footprint(self._clock(), session)
         caches = {b: i.capacity * self._block_tokens for b, i in self._indexes.items()}
+        meeting = self.objective.meeting() if self.objective is not None else None
         return Lookup(held, prompt, last, footprint, caches, predicted,
-                      self.retention.measured)
+                      self.retention.measured, meeting)
 
     def record(self, prefix: PrefixKeys | None, session: str | None, backend: str,
                lookup: Lookup | None, count: bool = True) -> bool:
@@ -147,6 +154,12 @@ class AffinityTracker:
             self.retention.observe(backend, session, predicted_share, prompt, cached,
                                    self._block_tokens)
 
+    def observe_pace(self, backend: str, tpot_ms: float) -> None:
+        """A streamed answer of `backend` took `tpot_ms` per output token after its first
+        (`TpotObjective.observe`; nothing without an objective)."""
+        if self.objective is not None:
+            self.objective.observe(backend, tpot_ms)
+
     def begin(self, session: str | None) -> None:
         """A request of `session` went upstream (`SessionTable.begin`)."""
         if session is not None:
@@ -170,6 +183,9 @@ class AffinityTracker:
                                  if self.prompt_tokens else None),
             "sessions": len(self._sessions),
             "retention": self.retention.stats(),
+            "tpot_objective": (None if self.objective is None else
+                               {"slo_ms": self.objective.slo_ms,
+                                "backends": self.objective.report()}),
             "index_blocks": {b: {"blocks": len(i), "capacity": i.capacity}
                              for b, i in self._indexes.items()},
         }
@@ -222,4 +238,6 @@ def tracker_of(settings: AffinitySettings, backends: Sequence[str],
                            settings.session_live_s, clock,
                            Retention(backends, settings.max_sessions,
                                      settings.retention_weight, settings.retention_lost_below,
-                                     settings.retention_applied))
+                                     settings.retention_applied),
+                           TpotObjective(backends, settings.tpot_slo_ms)
+                           if settings.tpot_slo_ms > 0 else None)

@@ -193,6 +193,27 @@ def test_a_switch_that_moves_live_sessions_is_kept_back_while_their_prefill_cost
     assert (out.pool, out.state.pool, out.reason) == ("baseline", "baseline", "strategy_baseline")
 
 
+def test_a_switch_is_kept_back_while_the_sessions_servers_meet_the_tpot_objective() -> None:
+    # far past the crossover (30 ms a token faster: the test above lets it through)
+    far = {"eagle": pred("eagle", 40.0), "baseline": pred("baseline", 10.0)}
+    footprint = {"g0-eagle": 90_000.0, "g0-base": 0.0}
+
+    def switched(meeting: frozenset[str] | None) -> str:
+        live = Lookup({}, 30_000.0, None, footprint, {"g0-eagle": 4e5, "g0-base": 4e5},
+                      meeting_slo=meeting)
+        out = keep_group_pool(switching("baseline", predictions=far), "eagle", 7.0,
+                              group("g0"), live, PRICES)
+        return f"{out.pool}/{out.reason}"
+
+    # its answers meet the objective: the move's re-prefill buys nothing
+    assert switched(frozenset({"g0-eagle"})) == "eagle/affinity_keep_eagle"
+    # they do not (or the baseline's do, which is not where the sessions are): priced
+    assert switched(frozenset()) == "baseline/strategy_baseline"
+    assert switched(frozenset({"g0-base"})) == "baseline/strategy_baseline"
+    # no objective set
+    assert switched(None) == "baseline/strategy_baseline"
+
+
 def test_a_switch_without_live_sessions_or_session_key_is_followed() -> None:
     near = {"eagle": pred("eagle", 10.0), "baseline": pred("baseline", 9.0)}
     d = switching("baseline", predictions=near)
