@@ -138,6 +138,7 @@ def openloop_plot(profile: str, data: dict[str, Any], path: Path) -> Path:
 AGENTIC_STYLE = {**STYLE,
                  "router": ("tab:green", "D", "specrouter (affinity)"),
                  "router-noaffinity": ("tab:olive", "v", "specrouter, no affinity"),
+                 "router-slo": ("tab:cyan", "P", "specrouter (affinity), TPOT SLO stated"),
                  "sglang-cache_aware": ("tab:red", "X", "sglang-router cache_aware"),
                  "sglang-round_robin": ("tab:brown", "x", "sglang-router round_robin"),
                  "adaptive": ("tab:gray", "*", "adaptive engine (one per GPU)")}

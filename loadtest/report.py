@@ -550,6 +550,8 @@ AGENTIC_LABELS = {
     "router": "specrouter as a new user gets it (online strategy, cost learned from "
               "telemetry, no calibration), prefix/session affinity: the config the "
               "targets judge",
+    "router-slo": "`router` told the SLO's TPOT limit (`affinity.tpot_slo_ms`): a group "
+                  "whose sessions' servers answer within it keeps them",
     "router-goodput": "specrouter, goodput strategy with the profile's cost model, "
                       "prefix/session affinity",
     "sglang-cache_aware": "sglang-router --policy cache_aware over the 4 servers",
@@ -681,6 +683,15 @@ def agentic_section(result: dict[str, Any],
                 f"pools, best) {_pct(cache.get('never_moves'))}: gap "
                 f"{_f(cache.get('gap_points'))} points (target <= {cache['target_points']:g}):"
                 f" {_check(cache.get('met'), 'gap too large')}"]
+            slo = lv.get("verdict_slo")
+            if slo is not None:
+                checks.append(
+                    "router-slo (not judged): "
+                    + ", ".join(f"{_f(slo[k].get('ratio'), 2)}x the {label}" for k, label in (
+                        ("vs_best_static", "best static pool"),
+                        ("vs_cache_aware", "cache_aware router"),
+                        ("vs_adaptive", "adaptive engine")))
+                    + f"; cached share gap {_f(slo['cached_share'].get('gap_points'))} points")
             lines += ["", *[f"- {c}" for c in checks], ""]
             for key, label in (("vs_best_static", "best static pool"),
                                ("vs_cache_aware", "sglang-router cache_aware"),

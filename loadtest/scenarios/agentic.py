@@ -8,7 +8,7 @@ loop inside. Configs, all on the same two simulated GPUs:
   to one of them by its index (a static pool behind a sticky balancer: it never moves a
   session, so its cached-token share is the reference for "never moves a session").
 - `router-noaffinity`, `router`: specrouter in front of the four servers, without and
-  with prefix/session affinity.
+  with prefix/session affinity; `router-slo`: `router` told the SLO's TPOT limit.
 - `sglang-cache_aware`, `sglang-round_robin`: SGLang's model gateway (`sglang-router`)
   in front of the same four servers.
 - `adaptive`: one engine per GPU with in-engine adaptive speculation (one cache, both
@@ -56,8 +56,8 @@ from loadtest.scenarios.sweep import COST_MODEL_CTX, router_env
 from specrouter.sim.profile import load_profile
 
 DEFAULT_TIME_SCALE = 0.0  # 0: each profile's own (AgenticSettings.profile_time_scales)
-CONFIGS = ("eagle", "baseline", "router-noaffinity", "router", "router-goodput",
-           "sglang-cache_aware", "sglang-round_robin", "adaptive")
+CONFIGS = ("eagle", "baseline", "router-noaffinity", "router", "router-slo",
+           "router-goodput", "sglang-cache_aware", "sglang-round_robin", "adaptive")
 STATIC = ("eagle", "baseline")
 PROFILES = ("seed-coding", "h200-llama3-8b")
 GROUPS = 2
@@ -71,9 +71,12 @@ CACHED_SHARE_POINTS = 5.0
 # The router's affinity per config: off, or on with each backend's cache as big as that
 # engine's KV pool (read from /sim/state) and the profile's prefill cost per token.
 # `router` is the one the done-when judges: the default strategy, as a new user gets it.
+# `router-slo` is `router` told the SLO's TPOT limit (`affinity.tpot_slo_ms`, in the
+# router's real milliseconds: the limit times the time scale).
 ROUTER_AFFINITY_ENV: dict[str, dict[str, str]] = {
     "router-noaffinity": {"SPECROUTER_AFFINITY__ENABLED": "false"},
     "router": {"SPECROUTER_AFFINITY__ENABLED": "true"},
+    "router-slo": {"SPECROUTER_AFFINITY__ENABLED": "true"},
     "router-goodput": {"SPECROUTER_AFFINITY__ENABLED": "true"},
 }
 SESSION_HEADER = "x-session-id"
@@ -186,15 +189,16 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def verdict(level: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The done-when checks of one level from each config's summary: goodput of `router`
-    against the best static pool, sglang-router cache_aware and the adaptive engine, and
-    its cached-token share against the pinned static pools (sessions never move)."""
+def verdict(level: dict[str, dict[str, Any]], router_config: str = "router") -> dict[str, Any]:
+    """The done-when checks of one level from each config's summary: goodput of
+    `router_config` against the best static pool, sglang-router cache_aware and the
+    adaptive engine, and its cached-token share against the pinned static pools (sessions
+    never move)."""
     goodput = {c: v["goodput_tok_s"] for c, v in level.items()
                if v.get("goodput_tok_s") is not None}
     static = {c: goodput[c] for c in STATIC if c in goodput}
     best = max(static, key=lambda c: static[c]) if static else None
-    router = goodput.get("router")
+    router = goodput.get(router_config)
     out: dict[str, Any] = {"best_static": best}
     checks = [("vs_best_static", static.get(best) if best else None, TARGET_VS_STATIC),
               ("vs_cache_aware", goodput.get("sglang-cache_aware"), TARGET_VS_CACHE_AWARE),
@@ -205,7 +209,7 @@ def verdict(level: dict[str, dict[str, Any]]) -> dict[str, Any]:
                      "met": None if ratio is None else ratio >= target}
     pinned = [level[c]["cached_share"] for c in STATIC
               if c in level and level[c].get("cached_share") is not None]
-    share = level.get("router", {}).get("cached_share")
+    share = level.get(router_config, {}).get("cached_share")
     reference = max(pinned) if pinned else None
     gap = None if share is None or reference is None else (reference - share) * 100.0
     out["cached_share"] = {"router": share, "never_moves": reference, "gap_points": gap,
@@ -286,6 +290,14 @@ def router_cost_model_env(profile: str, ctx: int) -> dict[str, str]:
     return {"SPECROUTER_COST_MODEL": json.dumps({"profile": profile, "ctx": ctx})}
 
 
+def router_slo_env(config: str, tpot_s: float, scale: float) -> dict[str, str]:
+    """`router-slo`: the SLO's TPOT limit (simulated seconds) as the router measures
+    answers, in real milliseconds."""
+    if config != "router-slo":
+        return {}
+    return {"SPECROUTER_AFFINITY__TPOT_SLO_MS": f"{tpot_s * 1e3 * scale:g}"}
+
+
 def _sim_args(options: str) -> list[str]:
     return [flag for flag in SIM_FLAGS if flag in options]
 
@@ -339,7 +351,8 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
                 targets = [getattr(g, f"{config}_url") for g in groups]
             elif config.startswith("router"):
                 env = {**router_strategy_env(config, profile, scale, s, shape),
-                       **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile, scale)}
+                       **ROUTER_AFFINITY_ENV[config], **affinity_env(groups, profile, scale),
+                       **router_slo_env(config, tpot, scale)}
                 router = stack.router([b for g in groups for b in g.backends()], env=env)
                 pids["router"] = router.child.pid
                 targets = [router_url := router.url]
@@ -429,7 +442,10 @@ def run_agentic(s: AgenticSettings, log: Callable[[str], None] = print) -> dict[
             configs = {c: median_run([r[n] for r in runs if n < len(r)])
                        for c, runs in repeats.items() if any(n < len(r) for r in runs)}
             ok = {c: v for c, v in configs.items() if "error" not in v}
-            levels.append({"rate": rate, "configs": configs, "verdict": verdict(ok)})
+            level = {"rate": rate, "configs": configs, "verdict": verdict(ok)}
+            if "router-slo" in ok:
+                level["verdict_slo"] = verdict(ok, "router-slo")
+            levels.append(level)
         result["profiles"][profile] = levels
     result["comparison"] = {f"{p} {lv['rate']:g}/s": lv["verdict"]
                             for p, levels in result["profiles"].items() for lv in levels}

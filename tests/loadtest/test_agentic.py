@@ -30,6 +30,7 @@ from loadtest.scenarios.agentic import (
     mean_context_tokens,
     median_run,
     router_cost_model_env,
+    router_slo_env,
     router_strategy_env,
     session_moves,
     settings_from_args,
@@ -176,6 +177,16 @@ def test_verdict_ratios_against_best_static_cache_aware_and_adaptive() -> None:
     assert v["cached_share"]["never_moves"] == 0.85
     assert abs(v["cached_share"]["gap_points"] - 3.0) < 1e-9
     assert v["cached_share"]["met"] is True
+
+
+def test_the_slo_router_is_judged_on_its_own_and_told_the_limit_in_real_ms() -> None:
+    level = _level(eagle=100.0, baseline=150.0, router=120.0)
+    level["router-slo"] = {**level["router"], "goodput_tok_s": 180.0}
+    assert abs(verdict(level)["vs_best_static"]["ratio"] - 120 / 150) < 1e-9
+    assert abs(verdict(level, "router-slo")["vs_best_static"]["ratio"] - 180 / 150) < 1e-9
+    # 50 ms simulated at time scale 0.2: answers reach the router 5x faster
+    assert router_slo_env("router-slo", 0.05, 0.2) == {"SPECROUTER_AFFINITY__TPOT_SLO_MS": "10"}
+    assert router_slo_env("router", 0.05, 0.2) == {}
 
 
 def test_verdict_leaves_unmeasured_comparisons_open() -> None:

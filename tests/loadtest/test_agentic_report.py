@@ -55,3 +55,15 @@ def test_a_repeated_cell_shows_every_runs_goodput() -> None:
     router["goodput_runs"] = [320.5, 347.0, 361.25]
     lines, _ = report.agentic_section(recorded, {})
     assert any(x.startswith("| router | 347.0 (runs 320.5 / 347.0 / 361.2) |") for x in lines)
+
+
+def test_the_slo_router_gets_a_line_of_its_own_and_no_miss() -> None:
+    recorded = json.loads(RECORDED.read_text(encoding="utf-8"))
+    level = recorded["profiles"]["h200-llama3-8b"][0]
+    _, misses = report.agentic_section(recorded, {})
+    level["verdict_slo"] = {**level["verdict"],
+                            "vs_best_static": {"ratio": 1.31, "target": 1.2, "met": True}}
+    lines, with_slo = report.agentic_section(recorded, {})
+    (line,) = [x for x in lines if x.startswith("- router-slo")]
+    assert "1.31x the best static pool" in line and "cached share gap" in line
+    assert with_slo == misses  # the targets judge `router` alone
