@@ -424,10 +424,11 @@ class RequestCycle:
         seen = reported_cache(data)
         if seen is not None:
             self.router.observe_cached(target, *seen)
-        tokens = reported_completion_tokens(data) if self.first_at is not None else None
-        if self.first_at is not None and tokens is not None and tokens > 1:
-            took_ms = (time.monotonic() - self.first_at) * 1000.0
-            self.router.observe_pace(target, took_ms / (tokens - 1))
+        if self.first_at is not None:
+            tokens = reported_completion_tokens(data)
+            if tokens is not None and tokens > 1:
+                took_ms = (time.monotonic() - self.first_at) * 1000.0
+                self.router.observe_pace(target, took_ms / (tokens - 1))
 
     def _retry_exclude(self, tried: frozenset[str], failed: Target,
                        unreachable: bool) -> frozenset[str]:

@@ -32,29 +32,33 @@ class TpotObjective:
         self.slo_ms = slo_ms
         self._recent: dict[str, deque[float]] = {
             b: deque(maxlen=RECENT_ANSWERS) for b in backends}
+        self._meeting: frozenset[str] = frozenset()
 
     def observe(self, backend: str, tpot_ms: float) -> None:
         recent = self._recent.get(backend)
-        if recent is not None and tpot_ms >= 0:
-            recent.append(tpot_ms)
+        if recent is None or tpot_ms < 0:
+            return
+        recent.append(tpot_ms)
+        if self._judge(recent) != (backend in self._meeting):
+            self._meeting = self._meeting ^ {backend}
 
     def meets(self, backend: str) -> bool:
-        recent = self._recent.get(backend)
-        if recent is None or len(recent) < MIN_ANSWERS:
-            return False
-        within = sum(1 for t in recent if t <= self.slo_ms)
-        return within >= MET_SHARE * len(recent)
+        return backend in self._meeting
 
     def meeting(self) -> frozenset[str]:
         """The backends that meet the objective now."""
-        return frozenset(b for b in self._recent if self.meets(b))
+        return self._meeting
 
     def report(self) -> dict[str, dict[str, float | int | bool]]:
         """Per backend, for GET /policy: answers judged, the share within, whether met."""
-        out: dict[str, dict[str, float | int | bool]] = {}
-        for backend, recent in self._recent.items():
-            within = sum(1 for t in recent if t <= self.slo_ms)
-            out[backend] = {"answers": len(recent),
-                            "within_share": round(within / len(recent), 3) if recent else 0.0,
-                            "meets": self.meets(backend)}
-        return out
+        return {backend: {"answers": len(recent),
+                          "within_share": round(self._within(recent) / len(recent), 3)
+                          if recent else 0.0,
+                          "meets": backend in self._meeting}
+                for backend, recent in self._recent.items()}
+
+    def _within(self, recent: deque[float]) -> int:
+        return sum(1 for t in recent if t <= self.slo_ms)
+
+    def _judge(self, recent: deque[float]) -> bool:
+        return len(recent) >= MIN_ANSWERS and self._within(recent) >= MET_SHARE * len(recent)
