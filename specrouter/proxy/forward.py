@@ -419,12 +419,14 @@ class RequestCycle:
 
     def _observe_answer(self, target: Target) -> None:
         """Tell the router what the engine reported it had cached of this request and, for
-        a stream, its time per output token after the first (first chunk to end)."""
+        a stream one engine answered whole, its time per output token after the first
+        (first chunk to end). A continuation's usage counts its own tokens while its
+        time runs from the first engine's first chunk: no pace is read from it."""
         data = self.answer or (self.relay.tail if self.relay is not None else b"")
         seen = reported_cache(data)
         if seen is not None:
             self.router.observe_cached(target, *seen)
-        if self.first_at is not None:
+        if self.first_at is not None and self.handed is None:
             tokens = reported_completion_tokens(data)
             if tokens is not None and tokens > 1:
                 took_ms = (time.monotonic() - self.first_at) * 1000.0

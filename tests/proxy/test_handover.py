@@ -137,6 +137,9 @@ def test_a_switch_mid_stream_continues_the_answer_on_the_baseline() -> None:
         while not e0.aborts:
             await asyncio.sleep(0)
         assert e0.aborts == [{"rid": e0.requests[0][1]["rid"]}]
+        # the continuation's usage counts its own tokens, the time runs from e0's first
+        # chunk: neither engine's pace is read from it
+        assert router.paces == []
         while router.held != {"e0": 0, "b0": 0}:
             await router.released.wait()
             router.released.clear()
