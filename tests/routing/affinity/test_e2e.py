@@ -86,3 +86,34 @@ def test_a_client_streaming_without_usage_gets_none_and_the_router_reads_the_cac
     # a report counts where the index predicted a cached prefix: every turn but the first
     assert retention["gpu0-baseline"]["samples"] == 3, retention
     proc.wait_idle()
+
+
+def test_the_router_judges_each_servers_streamed_pace_against_the_tpot_objective(
+    sim_group: Callable[..., SimGroup], router: RouterFactory
+) -> None:
+    """With `affinity.tpot_slo_ms` set, every stream's pace (first chunk to end over its
+    tokens after the first) reaches the objective: a limit the simulated engine keeps is
+    met once enough answers came, and GET /policy shows it."""
+    group = sim_group(extra_args=["--enable-cache-report"])
+    proc = router([{"name": "gpu0-baseline", "url": group.baseline_url, "pool": "baseline",
+                    "group": "gpu0"}],
+                  env={"SPECROUTER_TELEMETRY__ENABLED": "false",
+                       "SPECROUTER_AFFINITY__TPOT_SLO_MS": "10000"})
+    client = openai.OpenAI(base_url=proc.v1, api_key="unused", max_retries=0, timeout=30.0)
+
+    def objective() -> Any:
+        return httpx.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"][
+            "tpot_objective"]
+
+    assert objective() == {"slo_ms": 10000.0, "backends": {
+        "gpu0-baseline": {"answers": 0, "within_share": 0.0, "meets": False}}}
+    for n in range(4):
+        list(client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": f"question {n}"}],
+            max_tokens=8, stream=True, extra_body={"ignore_eos": True}))
+    # a non-stream answer tells nothing of its pace
+    client.chat.completions.create(model="default", max_tokens=8,
+                                   messages=[{"role": "user", "content": "whole"}])
+    proc.wait_idle()
+    assert objective()["backends"]["gpu0-baseline"] == {
+        "answers": 4, "within_share": 1.0, "meets": True}
