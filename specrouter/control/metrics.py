@@ -127,8 +127,13 @@ class _LiveCollector(Collector):
                                       labels=["backend"])
         for backend, share in live.cache_retention.items():
             retention.add_metric([backend], share)
+        within = GaugeMetricFamily(f"{PREFIX}_affinity_tpot_within_share",
+                                   "Share of the backend's recent streamed answers within the "
+                                   "TPOT objective (affinity.tpot_slo_ms)", labels=["backend"])
+        for backend, share in live.tpot_within_share.items():
+            within.add_metric([backend], share)
         yield from (inflight, healthy, breaker, engine, age, stale, accept, load, pool, version,
-                    retention)
+                    retention, within)
         yield from _learned_families(live)
 
 

@@ -107,3 +107,6 @@ class LiveMetrics:
     # per backend the share of the affinity index's prediction its cache holds, from the
     # engine's reports of cached tokens (routing/affinity/retention.py)
     cache_retention: Mapping[str, float] = field(default_factory=dict)
+    # with a TPOT objective, per backend the share of its recent streamed answers within
+    # it (routing/affinity/objective.py)
+    tpot_within_share: Mapping[str, float] = field(default_factory=dict)

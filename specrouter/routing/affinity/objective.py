@@ -49,6 +49,10 @@ class TpotObjective:
         """The backends that meet the objective now."""
         return self._meeting
 
+    def within_shares(self) -> dict[str, float]:
+        """Per backend with answers, the share of its recent ones within the objective."""
+        return {b: self._within(r) / len(r) for b, r in self._recent.items() if r}
+
     def report(self) -> dict[str, dict[str, float | int | bool]]:
         """Per backend, for GET /policy: answers judged, the share within, whether met."""
         return {backend: {"answers": len(recent),

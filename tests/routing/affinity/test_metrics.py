@@ -22,3 +22,10 @@ def test_each_backends_cache_retention_is_a_gauge() -> None:
     text = metrics.render().decode()
     assert 'specrouter_affinity_retention{backend="e0"} 0.25' in text
     assert 'specrouter_affinity_retention{backend="b0"} 1.0' in text
+
+
+def test_each_backends_share_of_answers_within_the_tpot_objective_is_a_gauge() -> None:
+    metrics = RouterMetrics()
+    metrics.attach(lambda: LiveMetrics(tpot_within_share={"e0": 0.875}))
+    text = metrics.render().decode()
+    assert 'specrouter_affinity_tpot_within_share{backend="e0"} 0.875' in text

@@ -22,6 +22,7 @@ def test_a_backend_meets_the_objective_while_nine_in_ten_recent_answers_do() -> 
     assert o.meets("e")  # 1 of 16 above: 94% within
     o.observe("e", 11.0)
     assert not o.meets("e")  # 2 of 16: 88%
+    assert o.within_shares() == {"e": 0.875}  # "b" has no answers: no reading
     report = o.report()
     assert report["e"] == {"answers": RECENT_ANSWERS, "within_share": 0.875, "meets": False}
     assert report["b"] == {"answers": 0, "within_share": 0.0, "meets": False}
