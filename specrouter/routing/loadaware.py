@@ -450,6 +450,6 @@ class LoadAwareRouter:
                            for g in self.monitor.groups(now)},
             cache_retention=({} if self._affinity is None
                              else self._affinity.retention.shares()),
-            tpot_within_share=({} if self._affinity is None or self._affinity.objective is None
-                               else self._affinity.objective.within_shares()),
+            tpot_within_share=({} if self._affinity is None
+                               else self._affinity.tpot_within_shares()),
         )

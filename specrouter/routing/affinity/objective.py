@@ -55,9 +55,9 @@ class TpotObjective:
 
     def report(self) -> dict[str, dict[str, float | int | bool]]:
         """Per backend, for GET /policy: answers judged, the share within, whether met."""
+        shares = self.within_shares()
         return {backend: {"answers": len(recent),
-                          "within_share": round(self._within(recent) / len(recent), 3)
-                          if recent else 0.0,
+                          "within_share": round(shares.get(backend, 0.0), 3),
                           "meets": backend in self._meeting}
                 for backend, recent in self._recent.items()}
 

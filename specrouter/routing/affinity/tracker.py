@@ -160,6 +160,10 @@ class AffinityTracker:
         if self.objective is not None:
             self.objective.observe(backend, tpot_ms)
 
+    def tpot_within_shares(self) -> dict[str, float]:
+        """For /metrics: `TpotObjective.within_shares`; empty without an objective."""
+        return {} if self.objective is None else self.objective.within_shares()
+
     def begin(self, session: str | None) -> None:
         """A request of `session` went upstream (`SessionTable.begin`)."""
         if session is not None:

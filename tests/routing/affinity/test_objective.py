@@ -46,6 +46,7 @@ def test_a_session_lookup_carries_the_backends_meeting_the_objective() -> None:
         tracker.observe_pace("b", 50.0)
     lookup = tracker.lookup(None, "session-1")
     assert lookup is not None and lookup.meeting_slo == frozenset({"e"})
+    assert tracker.tpot_within_shares() == {"e": 1.0, "b": 0.0}  # what /metrics shows
     shown = tracker.stats()["tpot_objective"]
     assert shown["slo_ms"] == 10.0 and shown["backends"]["b"]["meets"] is False
     # without an objective nothing is kept and nothing is shown
@@ -53,4 +54,4 @@ def test_a_session_lookup_carries_the_backends_meeting_the_objective() -> None:
     plain.observe_pace("e", 5.0)
     lookup = plain.lookup(None, "session-1")
     assert lookup is not None and lookup.meeting_slo is None
-    assert plain.stats()["tpot_objective"] is None
+    assert plain.stats()["tpot_objective"] is None and plain.tpot_within_shares() == {}
