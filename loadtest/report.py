@@ -542,6 +542,12 @@ def _overhead_targets(overhead: dict[str, Any]) -> tuple[list[str], list[str]]:
     return lines, misses
 
 
+#: The verdict's goodput comparisons (loadtest/scenarios/agentic.py `verdict`), as the
+#: report names them.
+_AGENTIC_COMPARED = (("vs_best_static", "best static pool"),
+                     ("vs_cache_aware", "sglang-router cache_aware"),
+                     ("vs_adaptive", "adaptive engine"))
+
 AGENTIC_LABELS = {
     "eagle": "EAGLE-3 servers only, each session pinned to one",
     "baseline": "baseline servers only, each session pinned to one",
@@ -687,15 +693,11 @@ def agentic_section(result: dict[str, Any],
             if slo is not None:
                 checks.append(
                     "router-slo (not judged): "
-                    + ", ".join(f"{_f(slo[k].get('ratio'), 2)}x the {label}" for k, label in (
-                        ("vs_best_static", "best static pool"),
-                        ("vs_cache_aware", "cache_aware router"),
-                        ("vs_adaptive", "adaptive engine")))
+                    + ", ".join(f"{_f(slo[k].get('ratio'), 2)}x the {label}"
+                                for k, label in _AGENTIC_COMPARED)
                     + f"; cached share gap {_f(slo['cached_share'].get('gap_points'))} points")
             lines += ["", *[f"- {c}" for c in checks], ""]
-            for key, label in (("vs_best_static", "best static pool"),
-                               ("vs_cache_aware", "sglang-router cache_aware"),
-                               ("vs_adaptive", "adaptive engine")):
+            for key, label in _AGENTIC_COMPARED:
                 if verdict[key].get("met") is False:
                     why = ("; out of reach, see below" if ceiling and key == "vs_best_static"
                            else "; why: see below" if behind and key == "vs_adaptive" else "")
