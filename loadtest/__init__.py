@@ -10,5 +10,6 @@ groups and routers they measure. Modules: promptset (the bundled prompts, shaped
 length), client (raw HTTP/1.1 SSE measurement), generator (closed loop, Poisson, traces),
 metrics (percentiles, goodput, CSV/JSON), procs (child processes), workload (open-loop
 arrivals and lengths), agentic (multi-turn sessions), alt_transport and server_safety (the
-`alternatives` comparison), scenarios/*, plots, report, bench.
+`alternatives` comparison), floor_proxy (the `peer` scenario's reference relays),
+scenarios/*, plots, report, bench.
 """

@@ -178,14 +178,10 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 
 def _peer(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    result: dict[str, Any] = {"scenario": "peer", "peer": peer.PEER_NAME,
-                              "version": peer.peer_version()}
-    if not peer.peer_available():
-        return {**result, "why": "sglang-router not installed (pip install '.[bench]')"}
     s = overhead_settings(args, out)
-    if not args.quick:  # 3 levels x 3 paths: about 3 minutes
+    if not args.quick:  # 3 levels x 5 paths: about 5 minutes
         s.rounds, s.seconds, s.rate_seconds = 2, 4.0, 3.0
-    return {**result, **overhead.side_by_side(s, (peer.PEER_KEY, peer.start_sglang_router))}
+    return peer.side_by_side(s)
 
 
 def _merge_meta(out: Path, command: str, started: str, commit: str,

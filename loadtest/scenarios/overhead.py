@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,9 +325,10 @@ def chunk_split(many: dict[str, Any], few: dict[str, Any], chunks: tuple[int, in
     return out
 
 
-def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
+def side_by_side(s: OverheadSettings, peers: Sequence[tuple[str, RouterStarter]],
                  levels: tuple[int, ...] = LEVELS) -> dict[str, Any]:
-    """Direct, specrouter and `peer` (name, starter), at each level of concurrency,
+    """Direct, specrouter and each of `peers` (name, starter; specrouter is judged against
+    the first, `judged_against`), at each level of concurrency,
     against upstreams that cost next to nothing (`loadtest.instant_upstream`), so that
     what is measured is the routers: streams of `output_tokens` tokens `stream_gap_ms`
     apart with think time (added TTFT = a router's percentile minus direct's, CPU per
@@ -340,8 +341,8 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
         def paths_to(upstream: RouterProc) -> dict[str, tuple[str, int]]:
             paths = {DIRECT: (upstream.url, upstream.child.pid),
                      SPECROUTER: start_specrouter(stack, upstream.url, s.router_env)}
-            if peer is not None:
-                paths[peer[0]] = peer[1](stack, upstream.url)
+            for name, start in peers:
+                paths[name] = start(stack, upstream.url)
             return paths
 
         paths = paths_to(stack.instant_upstream(chunks=s.output_tokens,
@@ -380,7 +381,8 @@ def side_by_side(s: OverheadSettings, peer: tuple[str, RouterStarter] | None,
             figures["vs_lowest_level"] = figures["req_s"] / max(1e-9, base[name]["req_s"])
             figures["vs_direct"] = figures["req_s"] / max(1e-9, level["rate"][DIRECT]["req_s"])
     return {"settings": asdict(s), "levels": out, "paths": list(paths),
-            "upstream": "instant", "chunk_split": split}
+            "upstream": "instant", "chunk_split": split,
+            "judged_against": peers[0][0] if peers else None}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -436,6 +438,7 @@ def side_by_side_lines(result: dict[str, Any]) -> list[str]:
              "near one core there is what limits the rate, so the rate across levels is "
              "its own scaling with connections.",
              "",
+             *_path_notes(result.get("path_notes") or {}),
              "| connections | router | added TTFT p50 ms | added TTFT p99 ms | CPU ms/request "
              "| of it user / sys | stream req/s | 1-token req/s | 1-token CPU ms/request "
              "| its CPU cores | vs lowest level | vs direct | errors |",
@@ -455,7 +458,7 @@ def side_by_side_lines(result: dict[str, Any]) -> list[str]:
                 f"{st['errors'] + rt['errors']} |")
     lines.append("")
     if SPECROUTER in routers and len(routers) > 1 and levels:
-        peer = next(r for r in routers if r != SPECROUTER)
+        peer = result.get("judged_against") or next(r for r in routers if r != SPECROUTER)
         for level in levels:
             ours = level["streams"][SPECROUTER]["cpu_ms_per_request"]
             theirs = level["streams"][peer]["cpu_ms_per_request"]
@@ -469,6 +472,13 @@ def side_by_side_lines(result: dict[str, Any]) -> list[str]:
                          f"throughput {scaling:.2f}x the lowest level's{judged}")
         lines.append("")
     return lines + _chunk_split_lines(result.get("chunk_split") or {}, routers)
+
+
+def _path_notes(notes: dict[str, str]) -> list[str]:
+    """A paragraph saying what the paths that are not routers are, if any."""
+    if not notes:
+        return []
+    return [" ".join(f"`{name}`: {note}." for name, note in notes.items()), ""]
 
 
 def _chunk_split_lines(split: dict[str, Any], routers: list[str]) -> list[str]:

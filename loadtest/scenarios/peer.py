@@ -1,7 +1,8 @@
 """`peer`: specrouter and the SGLang model gateway (PyPI `sglang-router`) side by side.
 
-One run, one simulated engine, one client: `overhead.side_by_side` rotates direct,
-specrouter and the gateway at 16, 100 and 400 connections. The gateway is the
+One run, one client: `overhead.side_by_side` rotates direct, specrouter, the gateway and
+the two reference relays of `loadtest.floor_proxy` (`FLOORS`) at 16, 100 and 400
+connections, against upstreams that answer at once. The gateway is the
 Rust router SGLang ships: `python -m sglang_router.launch_router --worker-urls URL`
 (round-robin policy over the one worker; its Prometheus port is moved to a free port so
 runs do not collide). When the package is missing the result says "not measured".
@@ -54,15 +55,50 @@ def start_sglang_router(stack: Stack, engine_url: str | Sequence[str],
     return url, child.pid
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
-    s = overhead.settings_from_args(args)
+def _floor_starter(kind: str) -> overhead.RouterStarter:
+    def start(stack: Stack, upstream_url: str) -> tuple[str, int]:
+        port = free_port()
+        child = stack.start(Child(f"floor proxy ({kind})", [
+            sys.executable, "-m", "loadtest.floor_proxy", "--kind", kind, "--port", str(port),
+            "--upstream", upstream_url]))
+        url = f"http://127.0.0.1:{port}"
+        child.wait_http(f"{url}/health")
+        return url, child.pid
+    return start
+
+
+#: The reference relays of `loadtest.floor_proxy`, by their path's name.
+FLOORS = {
+    "floor-asgi": ("asgi", "the leanest relay on specrouter's own stack (uvicorn with "
+                           "httptools and uvloop, a raw ASGI app, the native transport; "
+                           "`loadtest.floor_proxy`): what specrouter's own work adds is "
+                           "its distance to this row"),
+    "floor-protocol": ("protocol", "asyncio protocols on uvloop and httptools, no ASGI "
+                                   "server and no client library (`loadtest.floor_proxy`): "
+                                   "what a Python relay costs at least"),
+}
+
+
+def compared() -> list[tuple[str, overhead.RouterStarter]]:
+    """The side-by-side's other paths: the gateway (what specrouter is judged against),
+    then the floors."""
+    return [(PEER_KEY, start_sglang_router),
+            *((name, _floor_starter(kind)) for name, (kind, _) in FLOORS.items())]
+
+
+def side_by_side(s: overhead.OverheadSettings) -> dict[str, Any]:
+    """The scenario's result: its paths side by side, or why it was not measured."""
     result: dict[str, Any] = {"scenario": "peer", "peer": PEER_NAME, "version": peer_version()}
     if not peer_available():
-        result["measured"] = False
-        result["why"] = "sglang-router is not installed (pip install '.[bench]')"
-    else:
-        result["measured"] = True
-        result.update(overhead.side_by_side(s, (PEER_KEY, start_sglang_router)))
+        return {**result, "measured": False,
+                "why": "sglang-router is not installed (pip install '.[bench]')"}
+    return {**result, "measured": True, **overhead.side_by_side(s, compared()),
+            "path_notes": {name: note for name, (_, note) in FLOORS.items()}}
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    s = overhead.settings_from_args(args)
+    result = side_by_side(s)
     if s.out_dir:
         Path(s.out_dir).mkdir(parents=True, exist_ok=True)
         write_json(Path(s.out_dir) / "peer.json", result)

@@ -36,3 +36,17 @@ def test_a_streamed_completion_directly_and_through_the_router() -> None:
                                 "group": "g"}])
         assert _stream(router.url) == ("a", "length")
         assert httpx.get(f"{upstream.url}/v1/models").json()["data"][0]["id"] == MODEL
+
+
+def test_each_floor_relays_every_token_and_reuses_its_upstream_connection() -> None:
+    """The peer scenario's reference relays (`loadtest.floor_proxy`) carry every token of
+    a paced stream, and of a second one on the upstream connection the first left idle."""
+    from loadtest.scenarios.peer import FLOORS, compared
+
+    starters = dict(compared())
+    with Stack() as stack:
+        upstream = stack.instant_upstream(chunks=16, gap_ms=2.0)
+        for name in FLOORS:
+            url, _ = starters[name](stack, upstream.url)
+            assert _stream(url) == ("a" * 16, "length"), name
+            assert _stream(url) == ("a" * 16, "length"), name

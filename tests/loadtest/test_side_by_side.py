@@ -93,3 +93,18 @@ def test_the_report_shows_each_router_s_split() -> None:
             or line.startswith("| peer |")]
     assert rows == ["| specrouter | 20.0 | 10.0 | 300.0 | 50.0 |",
                     "| peer | 20.0 | 10.0 | 300.0 | 50.0 |"]
+
+
+def test_specrouter_is_judged_against_the_named_peer_not_a_reference_path() -> None:
+    streams = {"direct": _path(1.0, 50.0), "specrouter": _path(0.6, 50.0, 0.5),
+               "floor": _path(0.3, 50.0, 0.1), "peer": _path(0.5, 50.0, 0.7)}
+    rate = {name: {**_path(0.5, 100.0), "vs_lowest_level": 1.0, "vs_direct": 1.0}
+            for name in streams}
+    result = {"paths": list(streams), "judged_against": "peer",
+              "path_notes": {"floor": "a relay that does nothing else"},
+              "levels": [{"concurrency": 16, "streams": streams, "rate": rate}]}
+    lines = side_by_side_lines(result)
+    verdicts = [line for line in lines if line.startswith("- ")]
+    assert verdicts == [line for line in verdicts if "peer 0.500 ms (1.20x): **missed**" in line]
+    assert len(verdicts) == 1
+    assert "`floor`: a relay that does nothing else." in lines
