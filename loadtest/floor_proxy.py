@@ -10,10 +10,10 @@ error handling beyond closing a broken exchange, one upstream.
   opens the request on specrouter's native transport and relays every chunk through
   `send`. The gap between it and specrouter is what the router's own work costs.
 - `protocol`: no ASGI server and no HTTP client library: asyncio protocols on uvloop,
-  httptools parsing both ways, the client's request re-sent on a pooled keep-alive
-  upstream connection and the upstream's response bytes written to the client's socket as
-  they arrive. The gap between it and `asgi` is what uvicorn's request cycle and the
-  transport's awaitable exchange cost.
+  httptools parsing both ways, the client's request (its path and body, as a JSON POST)
+  re-sent on a pooled keep-alive upstream connection and the upstream's response bytes
+  written to the client's socket as they arrive. The gap between it and `asgi` is what
+  uvicorn's request cycle and the transport's awaitable exchange cost.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ def start_sglang_router(stack: Stack, engine_url: str | Sequence[str],
 
 
 def _floor_starter(kind: str) -> overhead.RouterStarter:
+    """A starter of `loadtest.floor_proxy --kind KIND` in front of an upstream."""
     def start(stack: Stack, upstream_url: str) -> tuple[str, int]:
         port = free_port()
         child = stack.start(Child(f"floor proxy ({kind})", [
