@@ -228,10 +228,18 @@ NO_WINDOWED_ACCEPT = (
     "(start SGLang with --enable-metrics for the sglang:spec_accept_length gauge)")
 
 
+#: After this many polls in a row in which no load endpoint answered, a backend is
+#: searched only every SEARCH_INTERVAL_S: a server that is down, or an engine that serves
+#: none of SGLang's load endpoints, would otherwise get three requests every poll.
+SEARCH_MISSES = 10
+SEARCH_INTERVAL_S = 1.0
+
+
 @dataclass
 class _PollState:
     source: str | None = None  # the endpoint that answered last
     polls: int = 0
+    misses: int = 0  # polls in a row in which no load endpoint answered
     # where the windowed accept length comes from ("metrics"), or why it does not
     accept: str | None = None
     accept_missing_logged: bool = False
@@ -249,6 +257,10 @@ class TelemetryPoller:
     in the log and in `accept_status`. A failed poll publishes nothing: the load view
     then ages the last sample out (staleness) instead of trusting zeros. A poll that
     fails for the router's own lack of resources changes nothing (`LocalFailure`).
+
+    After SEARCH_MISSES polls in a row without any answer, the backend is searched every
+    SEARCH_INTERVAL_S (if that is longer than `interval`) until one answers, said once in
+    the log each way.
 
     `publish(name, sample)` and `publish_accept(name, sample)` are usually
     `LoadView.publish` and `LoadView.publish_accept`.
@@ -281,6 +293,13 @@ class TelemetryPoller:
     def source_of(self, name: str) -> str | None:
         """The endpoint that worked last for `name` (None before the first success)."""
         return self._states[name].source
+
+    def delay(self, name: str) -> float:
+        """The seconds from one poll of `name` to the next: `interval`, or
+        SEARCH_INTERVAL_S while no load endpoint of it answers (`SEARCH_MISSES`)."""
+        if self._states[name].misses < SEARCH_MISSES:
+            return self.interval
+        return max(self.interval, SEARCH_INTERVAL_S)
 
     def accept_status(self, name: str) -> str | None:
         """"metrics" when `name`'s windowed accept length is read, else why it is not
@@ -315,7 +334,7 @@ class TelemetryPoller:
                 await self.poll_once(backend)
             except Exception:  # a bug in one poll must not end telemetry for good
                 log.exception("telemetry poll of %s failed", backend.name)
-            await asyncio.sleep(max(0.0, self.interval - (self.clock() - started)))
+            await asyncio.sleep(max(0.0, self.delay(backend.name) - (self.clock() - started)))
 
     async def poll_once(self, backend: Backend) -> EngineSample | None:
         """One poll of one backend; never raises for network or payload trouble."""
@@ -338,12 +357,25 @@ class TelemetryPoller:
             sample = await self._try(backend, source)
             if sample is not None:
                 st.source = source
+                self._answered(backend, st, source)
                 self.publish(backend.name, sample)
                 if backend.pool == "eagle":
                     await self._windowed_accept(backend, st, sample)
                 return sample
         st.source = None
+        st.misses += 1
+        if st.misses == SEARCH_MISSES and self.delay(backend.name) > self.interval:
+            log.warning("backend %s answered none of %s in %d polls: the router counts its own "
+                        "requests to it as its load, and looks again every %g s",
+                        backend.name, ", ".join(PATHS[s].split("?")[0] for s in SOURCES),
+                        st.misses, self.delay(backend.name))
         return None
+
+    def _answered(self, backend: Backend, st: _PollState, source: str) -> None:
+        if self.delay(backend.name) > self.interval:
+            log.info("backend %s: its load is read from %s again", backend.name,
+                     PATHS[source].split("?")[0])
+        st.misses = 0
 
     async def _get(self, backend: Backend, path: str) -> Answer | httpx.Response | None:
         """The answer, None when the backend did not give one, or LocalFailure. Without

@@ -14,7 +14,7 @@ import pytest
 
 from specrouter.backends import Backend
 from specrouter.observe.loadview import LoadView
-from specrouter.observe.telemetry import TelemetryPoller
+from specrouter.observe.telemetry import SEARCH_INTERVAL_S, SEARCH_MISSES, TelemetryPoller
 from tests.observe.test_telemetry_parsers import sglang_metrics_text, v1_loads_rank
 
 EAGLE = Backend("e", "http://eagle", "eagle", "g")
@@ -114,3 +114,43 @@ def test_a_local_resource_failure_keeps_the_last_state(caplog: pytest.LogCapture
     assert poller.source_of("e") == "v1_loads" and poller.accept_status("e") == "metrics"
     local = [r for r in caplog.records if "router's side" in r.getMessage()]
     assert len(local) == 1 and "Too many open files" in local[0].getMessage()
+
+
+def test_a_backend_without_load_endpoints_is_searched_slowly_until_one_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Three requests a poll, ten polls a second, forever, would load a server that is
+    down or serves none of SGLang's load endpoints: after SEARCH_MISSES empty polls the
+    next comes SEARCH_INTERVAL_S later, and the interval is back once one answers."""
+    serving = [False]
+    asked: list[str] = []
+
+    def engine(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if serving[0] and request.url.path == "/v1/loads":
+            return loads(4, 2.0)
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+    lv, clock = view(), [10.0]
+    poller = poller_for(engine, lv, clock)
+
+    async def run(polls: int) -> None:
+        for _ in range(polls):
+            clock[0] += 0.1
+            await poller.poll_once(EAGLE)
+    with caplog.at_level(logging.INFO, "specrouter.observe.telemetry"):
+        asyncio.run(run(SEARCH_MISSES - 1))
+        assert poller.delay("e") == poller.interval
+        asyncio.run(run(1))
+        assert poller.delay("e") == SEARCH_INTERVAL_S > poller.interval
+        asyncio.run(run(3))
+        assert poller.delay("e") == SEARCH_INTERVAL_S
+        assert len(asked) == 3 * (SEARCH_MISSES + 3)  # each poll still searches all three
+        serving[0] = True
+        asyncio.run(run(1))
+    assert poller.delay("e") == poller.interval and poller.source_of("e") == "v1_loads"
+    assert lv.backends["e"].sample is not None and lv.backends["e"].sample.total == 4
+    said = [r.getMessage() for r in caplog.records]
+    slowed = [m for m in said if "answered none of" in m]
+    assert len(slowed) == 1 and "/v1/loads, /get_load, /metrics" in slowed[0]
+    assert [m for m in said if "read from /v1/loads again" in m]
