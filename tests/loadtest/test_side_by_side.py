@@ -105,6 +105,5 @@ def test_specrouter_is_judged_against_the_named_peer_not_a_reference_path() -> N
               "levels": [{"concurrency": 16, "streams": streams, "rate": rate}]}
     lines = side_by_side_lines(result)
     verdicts = [line for line in lines if line.startswith("- ")]
-    assert verdicts == [line for line in verdicts if "peer 0.500 ms (1.20x): **missed**" in line]
-    assert len(verdicts) == 1
+    assert len(verdicts) == 1 and "peer 0.500 ms (1.20x): **missed**" in verdicts[0]
     assert "`floor`: a relay that does nothing else." in lines
