@@ -8,8 +8,10 @@ chunk and no gap the whole answer is written in one piece as soon as the request
 byte is read; otherwise the head and the first chunk are, and each further chunk follows
 `--gap-ms` later (a near-free engine streaming at a fixed pace). The request's body is not
 read, and a connection serves one request at a time (no pipelining). GET /v1/models
-lists the model `instant`; GET /health answers 200; everything else 404 (so a router
-reads no telemetry from it and counts its own in-flight requests). One process on uvloop
+lists the model `instant`; GET /health answers 200; GET /v1/loads answers as SGLang
+0.5.23 does with nothing running (so a router's telemetry poll costs one request, as
+against SGLang); everything else 404 (/metrics too: SGLang serves it only with
+--enable-metrics). One process on uvloop
 with httptools, 13-18 us of CPU a request (the bench's direct rows), so that with the load
 generator and a router on the same host the router is what runs out of CPU first (the
 simulator's own HTTP server and step loop cost more per request than a router, and its
@@ -62,6 +64,11 @@ ANSWERS = {
     (b"GET", b"/v1/models"): _json({"object": "list", "data": [
         {"id": MODEL, "object": "model", "created": 0, "owned_by": "loadtest"}]}),
     (b"GET", b"/health"): b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+    # SGLang 0.5.23's load endpoint, nothing running: a router polls it as it polls SGLang
+    (b"GET", b"/v1/loads"): _json({
+        "timestamp": "2026-12-06T00:00:00+00:00", "version": "0.5.23", "accelerator": "none",
+        "num_accelerators": 1, "loads": [{"dp_rank": 0, "timestamp": 1796515200.0,
+                                          "num_running_reqs": 0, "num_waiting_reqs": 0}]}),
 }
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n"
 

@@ -8,6 +8,7 @@ import openai
 
 from loadtest.instant_upstream import MODEL
 from loadtest.procs import Stack
+from tests.fixtures.procs import wait_until
 
 
 def _stream(base_url: str) -> tuple[str, str | None]:
@@ -28,7 +29,14 @@ def test_a_paced_stream_sends_every_token() -> None:
         assert _stream(upstream.url) == ("a" * 16, "length")
 
 
+def _telemetry_source(router_url: str) -> str | None:
+    backends = httpx.get(f"{router_url}/policy").json()["backends"]
+    return backends[0]["telemetry"]["source"]
+
+
 def test_a_streamed_completion_directly_and_through_the_router() -> None:
+    """The router streams through it and reads its load from /v1/loads, one request a
+    poll as against SGLang (its poller searches three endpoints where none answers)."""
     with Stack() as stack:
         upstream = stack.instant_upstream()
         assert _stream(upstream.url) == ("a", "length")
@@ -36,6 +44,8 @@ def test_a_streamed_completion_directly_and_through_the_router() -> None:
                                 "group": "g"}])
         assert _stream(router.url) == ("a", "length")
         assert httpx.get(f"{upstream.url}/v1/models").json()["data"][0]["id"] == MODEL
+        wait_until(lambda: _telemetry_source(router.url) == "v1_loads",
+                   what="the router's poller reading /v1/loads")
 
 
 def test_each_floor_relays_every_token_and_reuses_its_upstream_connection() -> None:
