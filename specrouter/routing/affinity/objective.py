@@ -42,9 +42,6 @@ class TpotObjective:
         if self._judge(recent) != (backend in self._meeting):
             self._meeting = self._meeting ^ {backend}
 
-    def meets(self, backend: str) -> bool:
-        return backend in self._meeting
-
     def meeting(self) -> frozenset[str]:
         """The backends that meet the objective now."""
         return self._meeting
