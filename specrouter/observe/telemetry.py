@@ -50,6 +50,11 @@ PATHS = {
 }
 
 
+def _endpoint(source: str) -> str:
+    """`source`'s path without its query, for the log."""
+    return PATHS[source].partition("?")[0]
+
+
 class TelemetryParseError(ValueError):
     """The payload does not have the shape SGLang sends, or carries no data."""
 
@@ -367,14 +372,14 @@ class TelemetryPoller:
         if st.misses == SEARCH_MISSES and self.delay(backend.name) > self.interval:
             log.warning("backend %s answered none of %s in %d polls: the router counts its own "
                         "requests to it as its load, and looks again every %g s",
-                        backend.name, ", ".join(PATHS[s].split("?")[0] for s in SOURCES),
+                        backend.name, ", ".join(_endpoint(s) for s in SOURCES),
                         st.misses, self.delay(backend.name))
         return None
 
     def _answered(self, backend: Backend, st: _PollState, source: str) -> None:
         if self.delay(backend.name) > self.interval:
             log.info("backend %s: its load is read from %s again", backend.name,
-                     PATHS[source].split("?")[0])
+                     _endpoint(source))
         st.misses = 0
 
     async def _get(self, backend: Backend, path: str) -> Answer | httpx.Response | None:
