@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from specrouter.errors import JSON_HEADERS
+from specrouter.proxy.ids import fresh_id
 from specrouter.proxy.upstream import RawHeaders, RequestBody, Upstream, UpstreamError
 from specrouter.routing.router import Router, Target
 from specrouter.tasks import cancel_and_wait
@@ -63,7 +63,7 @@ def client_rids(body: RequestBody) -> tuple[str, ...] | None:
 
 def new_rid(request_id: bytes) -> str:
     """A fresh rid for one attempt of the request `request_id`."""
-    return f"{secrets.token_hex(8)}-{request_id.decode('latin-1')}"
+    return f"{fresh_id()}-{request_id.decode('latin-1')}"
 
 
 def rid_field(rid: str) -> bytes:
