@@ -19,9 +19,11 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from specrouter.edge.body import CycleBodyComplete
 from specrouter.edge.disconnect import CycleDisconnectWatch
 from specrouter.edge.writer import CycleChunkWriter
 from specrouter.errors import openai_error_body
+from specrouter.proxy.request import BODY_COMPLETE
 from specrouter.proxy.response import CHUNK_WRITER, DISCONNECT_WATCH
 
 
@@ -119,11 +121,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self._over_concurrency():
             super().on_headers_complete()
             if self.cycle is not None and self.cycle.scope is self.scope:
-                # the app may write its stream's chunks past `send` (`edge.writer`) and
-                # learn of a disconnect without a task waiting in `receive` (`edge.disconnect`)
+                # the app may write its stream's chunks past `send` (`edge.writer`), learn
+                # of a disconnect without a task waiting in `receive` (`edge.disconnect`)
+                # and read a body that is in without a timer (`edge.body`)
                 self._watch = CycleDisconnectWatch(self.cycle)
                 extensions: dict[str, Any] = {CHUNK_WRITER: CycleChunkWriter(self.cycle),
-                                              DISCONNECT_WATCH: self._watch}
+                                              DISCONNECT_WATCH: self._watch,
+                                              BODY_COMPLETE: CycleBodyComplete(self.cycle)}
                 self.scope["extensions"] = extensions
             return
         # uvicorn would answer its own plain-text 503; clients parse OpenAI errors. Its

@@ -47,8 +47,10 @@ from specrouter.proxy.handover import (
 )
 from specrouter.proxy.recall import Recalled, unless_recalled
 from specrouter.proxy.request import (
+    BODY_COMPLETE,
     REQUEST_ID,
     BodyBudget,
+    BodyComplete,
     ClientGone,
     RequestHead,
     RouteKind,
@@ -171,9 +173,7 @@ class Proxy:
     async def handle(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
         try:
             head = parse_head(scope)
-            # A client trickling its body must not hold the request (and its memory) forever.
-            async with asyncio.timeout(self.body_timeout):
-                body = await read_body(receive, head.content_length, self.max_body, self.bodies)
+            body = await self._read_body(scope, receive, head)
         except RouterError as err:
             await send_json(send, err.status, err.body(),
                             [(REQUEST_ID, request_id_of(scope)), *err.headers])
@@ -194,6 +194,20 @@ class Proxy:
                                kind is RouteKind.GENERATE).run(receive)
         finally:
             self.bodies.give_back(len(body))
+
+
+    async def _read_body(self, scope: Scope, receive: Receive, head: RequestHead) -> RequestBody:
+        """The request's body. A client trickling it must not hold the request (and its
+        memory) forever: the read is bounded by `limits.body_timeout_s`, unless the server
+        says the whole body is in (`BODY_COMPLETE`) and the read cannot wait."""
+        read = read_body(receive, head.content_length, self.max_body, self.bodies)
+        extensions = scope.get("extensions")
+        complete: BodyComplete | None = (None if extensions is None
+                                         else extensions.get(BODY_COMPLETE))
+        if complete is not None and complete():
+            return await read
+        async with asyncio.timeout(self.body_timeout):
+            return await read
 
 
 class RequestCycle:

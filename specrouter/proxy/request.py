@@ -8,6 +8,7 @@ stream's usage)."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,10 @@ HOP_BY_HOP = frozenset({
 _NOT_FORWARDED = HOP_BY_HOP | {b"host", b"content-length", b"expect", b"authorization"}
 REQUEST_ID = b"x-request-id"
 POOL_HEADER = backends.POOL_HEADER.encode()  # the wire form of the one name
+#: The scope extension under which a server offers a `BodyComplete`: whether the request's
+#: whole body is in, so that reading it cannot wait.
+BODY_COMPLETE = "specrouter.body_complete"
+BodyComplete = Callable[[], bool]
 _SESSION = SESSION_HEADER.encode()
 _JSON_SPACE = b" \t\r\n"
 
