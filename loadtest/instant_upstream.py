@@ -10,8 +10,10 @@ byte is read; otherwise the head and the first chunk are, and each further chunk
 read, and a connection serves one request at a time (no pipelining). GET /v1/models
 lists the model `instant`; GET /health answers 200; GET /v1/loads answers as SGLang
 0.5.23 does with nothing running (so a router's telemetry poll costs one request, as
-against SGLang); everything else 404 (/metrics too: SGLang serves it only with
---enable-metrics). One process on uvloop
+against SGLang); GET /metrics answers what the simulator renders for an idle EAGLE-3
+engine of SGLang 0.5.23 after one request, as a server started with --enable-metrics
+(`specrouter plan`'s command lines) does, so that the router's side reads of the accept
+length parse an exposition of SGLang's size and shape; everything else 404. One process on uvloop
 with httptools, 13-18 us of CPU a request (the bench's direct rows), so that with the load
 generator and a router on the same host the router is what runs out of CPU first (the
 simulator's own HTTP server and step loop cost more per request than a router, and its
@@ -26,6 +28,12 @@ import json
 
 import httptools
 import uvloop
+
+from specrouter.sim.engine import Engine
+from specrouter.sim.gpu import SharedGpu, SimClock
+from specrouter.sim.metrics import EngineMetrics
+from specrouter.sim.profile import engine_limits, load_profile
+from specrouter.sim.version import V0_5_23
 
 MODEL = "instant"
 _CHUNK = {"id": "chatcmpl-instant", "object": "chat.completion.chunk", "created": 0,
@@ -134,8 +142,23 @@ class InstantProtocol(asyncio.Protocol):
             self.transport.close()
 
 
+def _metrics() -> bytes:
+    """SGLang's /metrics as the simulator renders it for an idle EAGLE-3 engine of 0.5.23
+    that finished one streamed request (so its histograms carry series). Needs a running
+    loop (the simulated GPU's clock reads it)."""
+    profile = load_profile("seed-coding")
+    engine = Engine("instant-eagle", "eagle", profile, SharedGpu(SimClock(1.0)), 0,
+                    engine_limits(profile, "eagle"))
+    metrics = EngineMetrics(engine, MODEL, V0_5_23)
+    metrics.observe_finished(True, 1000, 64, ttft_s=0.05, e2e_s=0.9, itl_s=0.013)
+    text = metrics.render()
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            b"content-length: %d\r\n\r\n%b" % (len(text), text))
+
+
 async def serve(host: str, port: int, chunks: int, gap_s: float) -> None:
     loop = asyncio.get_running_loop()
+    ANSWERS[(b"GET", b"/metrics")] = _metrics()
     server = await loop.create_server(lambda: InstantProtocol(chunks, gap_s), host, port,
                                       backlog=2048)
     async with server:

@@ -29,23 +29,25 @@ def test_a_paced_stream_sends_every_token() -> None:
         assert _stream(upstream.url) == ("a" * 16, "length")
 
 
-def _telemetry_source(router_url: str) -> str | None:
-    backends = httpx.get(f"{router_url}/policy").json()["backends"]
-    return backends[0]["telemetry"]["source"]
+def _telemetry(router_url: str) -> tuple[str | None, str | None]:
+    """The router's load source for its one backend, and its accept length's."""
+    telemetry = httpx.get(f"{router_url}/policy").json()["backends"][0]["telemetry"]
+    return telemetry["source"], telemetry["accept"]["source"]
 
 
 def test_a_streamed_completion_directly_and_through_the_router() -> None:
-    """The router streams through it and reads its load from /v1/loads, one request a
-    poll as against SGLang (its poller searches three endpoints where none answers)."""
+    """The router streams through it, reads its load from /v1/loads, one request a poll
+    as against SGLang (its poller searches three endpoints where none answers), and the
+    EAGLE-3 server's accept length from its /metrics, as SGLang's with --enable-metrics."""
     with Stack() as stack:
         upstream = stack.instant_upstream()
         assert _stream(upstream.url) == ("a", "length")
-        router = stack.router([{"name": "instant", "url": upstream.url, "pool": "baseline",
+        router = stack.router([{"name": "instant", "url": upstream.url, "pool": "eagle",
                                 "group": "g"}])
         assert _stream(router.url) == ("a", "length")
         assert httpx.get(f"{upstream.url}/v1/models").json()["data"][0]["id"] == MODEL
-        wait_until(lambda: _telemetry_source(router.url) == "v1_loads",
-                   what="the router's poller reading /v1/loads")
+        wait_until(lambda: _telemetry(router.url) == ("v1_loads", "metrics"),
+                   what="the router's poller reading /v1/loads and /metrics")
 
 
 def test_each_floor_relays_every_token_and_reuses_its_upstream_connection() -> None:
