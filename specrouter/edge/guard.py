@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from specrouter.edge.body import CycleBodyComplete
-from specrouter.edge.cycle import CoalescedHeadCycle
 from specrouter.edge.disconnect import CycleDisconnectWatch
 from specrouter.edge.writer import CycleChunkWriter
 from specrouter.errors import openai_error_body
@@ -122,7 +121,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self._over_concurrency():
             super().on_headers_complete()
             if self.cycle is not None and self.cycle.scope is self.scope:
-                self.cycle.__class__ = CoalescedHeadCycle  # before its task first runs
                 # the app may write its stream's chunks past `send` (`edge.writer`), learn
                 # of a disconnect without a task waiting in `receive` (`edge.disconnect`)
                 # and read a body that is in without a timer (`edge.body`)
