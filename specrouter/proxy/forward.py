@@ -195,7 +195,6 @@ class Proxy:
         finally:
             self.bodies.give_back(len(body))
 
-
     async def _read_body(self, scope: Scope, receive: Receive, head: RequestHead) -> RequestBody:
         """The request's body. A client trickling it must not hold the request (and its
         memory) forever: the read is bounded by `limits.body_timeout_s`, unless the server

@@ -3,7 +3,7 @@
 Each process keeps a generator seeded from the operating system's randomness (seeded
 again in a forked child, which would otherwise repeat its parent's ids): an id is 128 bits
 of it, unique across requests, processes and replicas with the odds of two random
-128-bit numbers meeting, and costs microseconds less than a `getrandom` call. Ids name
+128-bit numbers meeting, and takes no system call (`os.urandom` took one). Ids name
 requests in logs, headers and SGLang's abort; they grant nothing, so they are unique, not
 secret.
 """
