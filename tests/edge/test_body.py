@@ -6,14 +6,10 @@ loopback."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import socket
 from typing import Any
 
-import uvicorn
-
-from specrouter.edge.guard import BudgetedHttpToolsProtocol
 from specrouter.proxy.request import BODY_COMPLETE
+from tests.edge.serving import guarded_server
 
 HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         b"content-length: 11\r\n\r\n")
@@ -45,15 +41,7 @@ class RecordingApp:
 
 
 async def _exchange(app: RecordingApp, split: bool) -> bytes:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, http=BudgetedHttpToolsProtocol, lifespan="off",
-                            log_level=logging.CRITICAL)
-    server = uvicorn.Server(config)
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
+    async with guarded_server(app) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         if split:
             writer.write(HEAD)
@@ -64,9 +52,6 @@ async def _exchange(app: RecordingApp, split: bool) -> bytes:
         answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
         writer.close()
         return answer
-    finally:
-        server.should_exit = True
-        await serving
 
 
 def test_a_body_sent_with_its_head_is_complete_when_the_app_starts() -> None:

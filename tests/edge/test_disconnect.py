@@ -6,16 +6,13 @@ the watch reads on, as `receive` would). A real uvicorn server on loopback."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import socket
 from typing import Any
 
 import pytest
-import uvicorn
 
 from specrouter.edge.disconnect import CycleDisconnectWatch
-from specrouter.edge.guard import BudgetedHttpToolsProtocol
 from specrouter.proxy.response import DISCONNECT_WATCH
+from tests.edge.serving import guarded_server
 from tests.edge.test_writer import cycle
 
 
@@ -47,15 +44,7 @@ class WatchingApp:
 def test_a_client_that_leaves_is_reported_once(body_bytes: int) -> None:
     async def scenario() -> None:
         app = WatchingApp()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()  # a client connects now and is accepted once uvicorn serves
-        port = sock.getsockname()[1]
-        config = uvicorn.Config(app, http=BudgetedHttpToolsProtocol, lifespan="off",
-                                log_level=logging.CRITICAL)
-        server = uvicorn.Server(config)
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        try:
+        async with guarded_server(app) as port:
             _, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
                          b"content-length: %d\r\n\r\n" % body_bytes + b"x" * body_bytes)
@@ -63,9 +52,6 @@ def test_a_client_that_leaves_is_reported_once(body_bytes: int) -> None:
             writer.close()
             await asyncio.wait_for(app.left.wait(), 5.0)
             assert app.calls == 1
-        finally:
-            server.should_exit = True
-            await serving
 
     asyncio.run(scenario())
 
