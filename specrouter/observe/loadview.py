@@ -237,16 +237,23 @@ class InflightHistory:
 
     def _spans(self, start: float, end: float) -> list[tuple[float, int]]:
         """(duration, count) of each stretch of [start, end], oldest first; at least one.
-        Before the oldest change kept the count is `before`."""
+        Before the oldest change kept the count is `before`. The changes are read from the
+        newest back to the last one at or before `start`: a window of the last second
+        costs its own changes, not the whole history's."""
+        inside: list[tuple[float, int]] = []  # the changes after `start`, newest first
+        count = self.before
+        for t, c in reversed(self.changes):
+            if t <= start:
+                count = c
+                break
+            inside.append((t, c))
         spans: list[tuple[float, int]] = []
-        t_prev, count = start, self.before
-        for t, c in self.changes:
+        t_prev = start
+        for t, c in reversed(inside):
             if t > end:
                 break
-            if t > start:
-                spans.append((t - t_prev, count))
-                t_prev = t
-            count = c
+            spans.append((t - t_prev, count))
+            t_prev, count = t, c
         spans.append((max(0.0, end - t_prev), count))
         return spans
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import fields, replace
 
 import pytest
@@ -338,3 +339,38 @@ def test_a_cached_snapshot_reads_as_a_fresh_build(ops: list[tuple[str, str, floa
         for b in (b for g in fresh for b in g.backends):
             read_stale = b.stale and lv.backends[b.name].sample is not None
             assert counted[b.name] - reads[b.name] == int(read_stale)
+
+
+def _spans_by_a_forward_walk(h: InflightHistory, start: float,
+                             end: float) -> list[tuple[float, int]]:
+    """What `_spans` means, read from the oldest change on."""
+    spans: list[tuple[float, int]] = []
+    t_prev, count = start, h.before
+    for t, c in h.changes:
+        if t > end:
+            break
+        if t > start:
+            spans.append((t - t_prev, count))
+            t_prev = t
+        count = c
+    spans.append((max(0.0, end - t_prev), count))
+    return spans
+
+
+def test_inflight_history_spans_match_a_walk_from_the_oldest_change() -> None:
+    rng = random.Random(5)
+    for _ in range(200):
+        h = InflightHistory()
+        now, count = 0.0, 0
+        for _ in range(rng.randrange(0, 40)):
+            now += rng.choice((0.0, 0.01, 0.3, 1.0))  # equal times too
+            count = max(0, count + rng.choice((-1, 1)))
+            h.record(now, count)
+        for _ in range(20):
+            start = rng.uniform(-1.0, now + 1.0)
+            end = start + rng.choice((0.0, rng.uniform(0.0, 3.0)))
+            assert h._spans(start, end) == _spans_by_a_forward_walk(h, start, end)
+            if h.changes:  # the window's ends on a change
+                t = rng.choice(h.changes)[0]
+                assert h._spans(t, t + 0.5) == _spans_by_a_forward_walk(h, t, t + 0.5)
+                assert h._spans(t - 0.5, t) == _spans_by_a_forward_walk(h, t - 0.5, t)
