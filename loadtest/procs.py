@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -237,26 +237,28 @@ class Stack:
         if child in self.children:
             self.children.remove(child)
 
+    def http_server(self, name: str, argv: Callable[[int], list[str]],
+                    env: dict[str, str] | None = None, timeout: float = 60.0) -> RouterProc:
+        """A child serving HTTP on a free loopback port: `argv(port)` started, and waited
+        for until its /health answers."""
+        port = free_port()
+        child = self.start(Child(name, argv(port), env=env or {}))
+        url = f"http://127.0.0.1:{port}"
+        child.wait_http(f"{url}/health", timeout)
+        return RouterProc(url, child)
+
     def router(self, backends: list[dict[str, Any]], env: dict[str, str] | None = None,
                extra_args: Sequence[str] = ()) -> RouterProc:
-        port = free_port()
-        child = self.start(Child("specrouter serve", specrouter_argv(
+        return self.http_server("specrouter serve", lambda port: specrouter_argv(
             "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-            *extra_args), env={"SPECROUTER_BACKENDS": json.dumps(backends), **(env or {})}))
-        url = f"http://127.0.0.1:{port}"
-        child.wait_http(f"{url}/health")
-        return RouterProc(url, child)
+            *extra_args), env={"SPECROUTER_BACKENDS": json.dumps(backends), **(env or {})})
 
     def instant_upstream(self, chunks: int = 1, gap_ms: float = 0.0) -> RouterProc:
         """`loadtest.instant_upstream` on a free port: an upstream that answers at once
         (streams of `chunks` tokens, `gap_ms` apart)."""
-        port = free_port()
-        child = self.start(Child("instant upstream", [
+        return self.http_server("instant upstream", lambda port: [
             sys.executable, "-m", "loadtest.instant_upstream", "--port", str(port),
-            "--chunks", str(chunks), "--gap-ms", repr(gap_ms)]))
-        url = f"http://127.0.0.1:{port}"
-        child.wait_http(f"{url}/health")
-        return RouterProc(url, child)
+            "--chunks", str(chunks), "--gap-ms", repr(gap_ms)])
 
 
 def served_model(base_url: str) -> str:

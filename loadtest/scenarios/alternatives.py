@@ -24,7 +24,7 @@ from typing import Any
 
 from loadtest import server_safety
 from loadtest.metrics import write_json
-from loadtest.procs import Child, Stack, free_port, served_model
+from loadtest.procs import Stack, served_model
 from loadtest.promptset import RequestShape
 from loadtest.scenarios import overhead
 from loadtest.scenarios.common import run_async
@@ -56,26 +56,20 @@ def granian_app() -> Any:
 def start_granian(stack: Stack, engine_url: str, env: dict[str, str] | None = None
                   ) -> tuple[str, int]:
     """The app `specrouter serve` builds, under granian with one worker."""
-    port = free_port()
-    child = stack.start(Child("granian", [
+    server = stack.http_server("granian", lambda port: [
         sys.executable, "-m", "granian", "--interface", "asgi", "--loop", "uvloop",
         "--workers", "1", "--http", "1", "--no-ws", "--host", "127.0.0.1",
         "--port", str(port), "--log-level", "warning", "--factory",
-        f"{__name__}:granian_app"], env={**_serve_env(engine_url), **(env or {})}))
-    url = f"http://127.0.0.1:{port}"
-    child.wait_http(f"{url}/health")
-    return url, child.pid
+        f"{__name__}:granian_app"], env={**_serve_env(engine_url), **(env or {})})
+    return server.url, server.child.pid
 
 
 def start_aiohttp(stack: Stack, engine_url: str) -> tuple[str, int]:
     """`specrouter serve` with `loadtest.alt_transport`'s aiohttp client to the engine."""
-    port = free_port()
-    child = stack.start(Child("aiohttp", [
+    server = stack.http_server("aiohttp", lambda port: [
         sys.executable, "-m", "loadtest.alt_transport", "serve", "--host", "127.0.0.1",
-        "--port", str(port)], env=_serve_env(engine_url)))
-    url = f"http://127.0.0.1:{port}"
-    child.wait_http(f"{url}/health")
-    return url, child.pid
+        "--port", str(port)], env=_serve_env(engine_url))
+    return server.url, server.child.pid
 
 
 STARTERS: dict[str, tuple[str, overhead.RouterStarter]] = {

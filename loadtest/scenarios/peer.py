@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.metrics import write_json
-from loadtest.procs import Child, Stack, free_port
+from loadtest.procs import Stack, free_port
 from loadtest.scenarios import overhead
 
 DEFAULT_TIME_SCALE = 1.0
@@ -44,27 +44,21 @@ def start_sglang_router(stack: Stack, engine_url: str | Sequence[str],
     """The gateway in front of one worker or several (`--policy round_robin`,
     `cache_aware`, ...)."""
     urls = [engine_url] if isinstance(engine_url, str) else list(engine_url)
-    port = free_port()
-    child = stack.start(Child("sglang-router", [
+    gateway = stack.http_server("sglang-router", lambda port: [
         sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
         "--port", str(port), "--worker-urls", *urls, "--policy", policy,
         "--prometheus-port", str(free_port()), "--prometheus-host", "127.0.0.1",
-        "--log-level", "warn"]))
-    url = f"http://127.0.0.1:{port}"
-    child.wait_http(f"{url}/health", timeout=120.0)
-    return url, child.pid
+        "--log-level", "warn"], timeout=120.0)
+    return gateway.url, gateway.child.pid
 
 
 def _floor_starter(kind: str) -> overhead.RouterStarter:
     """A starter of `loadtest.floor_proxy --kind KIND` in front of an upstream."""
     def start(stack: Stack, upstream_url: str) -> tuple[str, int]:
-        port = free_port()
-        child = stack.start(Child(f"floor proxy ({kind})", [
+        floor = stack.http_server(f"floor proxy ({kind})", lambda port: [
             sys.executable, "-m", "loadtest.floor_proxy", "--kind", kind, "--port", str(port),
-            "--upstream", upstream_url]))
-        url = f"http://127.0.0.1:{port}"
-        child.wait_http(f"{url}/health")
-        return url, child.pid
+            "--upstream", upstream_url])
+        return floor.url, floor.child.pid
     return start
 
 
