@@ -84,10 +84,14 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._in_head:
             self._raw_head_bytes += len(data)
         super().data_received(data)
+        if not self._in_head or self._refused:
+            return
         # A head still incomplete after this many bytes is refused without waiting for
         # its end: what httptools buffers stays bounded (the limit plus one read).
-        if self._in_head and self._raw_head_bytes > self.max_header_bytes:
+        if self._raw_head_bytes > self.max_header_bytes:
             self._refuse_too_large()
+        elif self._head_timer is None:  # a head begun in this read and not yet complete
+            self._arm_head_timer()
 
     def send_400_response(self, msg: str) -> None:
         if self._refused:  # our 431 went out already; the parser error is ours
@@ -101,8 +105,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_size = 0
         if not self._in_head:  # the next request on a keep-alive connection
+            # its head timer is armed only if the read that began the head ends before
+            # the head does (`data_received`): most heads arrive in one read
             self._in_head, self._raw_head_bytes = True, 0
-            self._arm_head_timer()
 
     def on_url(self, url: bytes) -> None:
         self._head_size += len(url)
