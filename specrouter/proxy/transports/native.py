@@ -271,6 +271,13 @@ class Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         return self._complete and self._keep_alive and not self.closed and self._error is None
 
+    def park(self) -> None:
+        """Forget the finished exchange before the connection waits in the pool: an idle
+        connection holds nothing of its last caller (the writer it diverted to keeps a
+        stream's handover record, up to `handover_max_tokens` x 64 bytes), however long
+        it waits for the next request."""
+        self._reset()
+
     def close(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.close()
@@ -404,6 +411,7 @@ class ConnectionPool:
 
     def release(self, conn: Connection) -> None:
         if conn.reusable and len(self._idle) < self._max_idle:
+            conn.park()
             self._idle.append(conn)
         else:
             conn.close()

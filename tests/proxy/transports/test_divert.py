@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator
 
 from specrouter.backends import Backend
@@ -153,5 +154,55 @@ def test_the_httpx_transport_declines_to_divert() -> None:
             assert b"".join([c async for c in response.iter_raw()]) == b"x"
             assert writer.taken == []
             await response.aclose()
+
+    asyncio.run(scenario())
+
+
+class KeepAliveServer:
+    """Answers every request on a connection with its head at once, then, once `go` is
+    set, one chunk and the end, keeping the connection open; counts the connections it
+    accepted."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.go = asyncio.Event()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(HEAD)
+                await self.go.wait()
+                self.go.clear()
+                writer.write(chunk(b"a") + b"0\r\n\r\n")
+                await writer.drain()
+
+
+def test_a_pooled_connection_keeps_nothing_of_its_last_exchange() -> None:
+    async def scenario() -> None:
+        keep_alive = KeepAliveServer()
+        server = await asyncio.start_server(keep_alive.serve, "127.0.0.1", 0)
+        upstream = _upstream(NativeUpstream, server.sockets[0].getsockname()[1])
+        try:
+            for _ in range(2):
+                response = await upstream.open("POST", "/v1/chat/completions", [], b"{}",
+                                               stream=True)
+                writer = Writer()
+                response.divert(writer)
+                keep_alive.go.set()  # the body comes to the armed writer
+                assert [c async for c in response.iter_raw()] == []
+                assert writer.taken == [b"a"]
+                await response.aclose()  # the connection goes back to the pool
+                gone = weakref.ref(writer)
+                del writer
+                assert gone() is None  # the idle connection does not hold the writer
+            assert keep_alive.connections == 1  # the second request reused the first's
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
 
     asyncio.run(scenario())
