@@ -52,7 +52,7 @@ def start_sglang_router(stack: Stack, engine_url: str | Sequence[str],
     return gateway.url, gateway.child.pid
 
 
-def _floor_starter(kind: str) -> overhead.RouterStarter:
+def floor_starter(kind: str) -> overhead.RouterStarter:
     """A starter of `loadtest.floor_proxy --kind KIND` in front of an upstream."""
     def start(stack: Stack, upstream_url: str) -> tuple[str, int]:
         floor = stack.http_server(f"floor proxy ({kind})", lambda port: [
@@ -78,7 +78,7 @@ def compared() -> list[tuple[str, overhead.RouterStarter]]:
     """The side-by-side's other paths: the gateway (what specrouter is judged against),
     then the floors."""
     return [(PEER_KEY, start_sglang_router),
-            *((name, _floor_starter(kind)) for name, (kind, _) in FLOORS.items())]
+            *((name, floor_starter(kind)) for name, (kind, _) in FLOORS.items())]
 
 
 def side_by_side(s: overhead.OverheadSettings) -> dict[str, Any]:

@@ -1,0 +1,172 @@
+"""Router variants side by side on one host: CPU per request and TTFT, interleaved.
+
+    python -m loadtest.ab [--connections 100] [--chunks 2] [--span-ms 150] [--rounds 2]
+                          [--seconds 6] [--think-s 0.02] [--json FILE] VARIANT [VARIANT ...]
+
+A VARIANT is `NAME=SPEC`, SPEC a JSON object (empty for the defaults) with any of:
+`env` (environment variables of that router, e.g. `{"SPECROUTER_AFFINITY__ENABLED":
+"false"}`), `python` (the interpreter that runs it: another venv with the project
+installed), `tree` (a checkout whose `specrouter` package it runs: another commit's
+worktree). `floor-asgi` and `floor-protocol` name the reference relays of
+`loadtest.floor_proxy` instead (no SPEC).
+
+Every variant is one process in front of one instant upstream (`loadtest.instant_upstream`,
+one backend declared EAGLE-3, as in the `peer` scenario) streaming `--chunks` chunks over
+`--span-ms`; each is warmed, then the variants take turns for `--rounds` phases of
+`--seconds` of closed-loop streams, so host drift spreads over all of them. A variant's
+figures: requests/s, its process's user and system CPU per request, TTFT p50/p99 of the
+requests started after each phase's first 0.5 s. What two variants differ by must be
+larger than the spread of their rounds (printed) before it is a difference.
+
+A `tree` variant needs care: `python -m specrouter` puts the working directory (this
+checkout) first on `sys.path`, ahead of `PYTHONPATH`. So the variant runs with
+`loadtest/abtree` on `PYTHONPATH`, whose `sitecustomize` imports the package from the
+tree before `-m` resolves it: every submodule then comes from the tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest.instant_upstream import MODEL as INSTANT_MODEL
+from loadtest.metrics import percentile, write_json
+from loadtest.procs import Stack, cpu_times
+from loadtest.promptset import RequestShape
+from loadtest.scenarios import overhead
+from loadtest.scenarios.common import run_async
+from loadtest.scenarios.peer import FLOORS, floor_starter
+
+#: The directory whose `sitecustomize` imports `specrouter` from `SPECROUTER_AB_TREE`.
+TREE_SITE = Path(__file__).resolve().parent / "abtree"
+TREE_VARIABLE = "SPECROUTER_AB_TREE"
+
+
+@dataclass
+class Variant:
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    tree: str | None = None
+
+    def process_env(self) -> dict[str, str]:
+        """The router's environment: `env`, and for a `tree` the site that imports it."""
+        env = dict(self.env)
+        if self.tree is not None:
+            paths = [str(TREE_SITE), *filter(None, [env.get("PYTHONPATH")])]
+            env.update({"PYTHONPATH": os.pathsep.join(paths), TREE_VARIABLE: self.tree})
+        return env
+
+
+def parse_variant(text: str) -> Variant:
+    """`NAME=SPEC` (module docstring); a clear error for anything else."""
+    name, sep, spec = text.partition("=")
+    if not name or (not sep and name not in FLOORS):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=SPEC (SPEC may be empty)")
+    fields: dict[str, Any] = json.loads(spec) if spec.strip() else {}
+    unknown = set(fields) - {"env", "python", "tree"}
+    if not isinstance(fields, dict) or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: SPEC takes env, python and tree only")
+    tree = fields.get("tree")
+    return Variant(name, {k: str(v) for k, v in fields.get("env", {}).items()},
+                   fields.get("python", sys.executable),
+                   str(Path(tree).resolve()) if tree else None)
+
+
+def _start(stack: Stack, variant: Variant, upstream_url: str) -> tuple[str, int]:
+    if variant.name in FLOORS:
+        return floor_starter(FLOORS[variant.name][0])(stack, upstream_url)
+    backends = overhead.one_backend(upstream_url)
+    router = stack.http_server(f"specrouter serve ({variant.name})", lambda port: [
+        variant.python, "-m", "specrouter", "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--log-level", "warning"],
+        env={"SPECROUTER_BACKENDS": json.dumps(backends), **variant.process_env()})
+    return router.url, router.child.pid
+
+
+def compare(variants: list[Variant], args: argparse.Namespace) -> dict[str, Any]:
+    """Each variant's figures over all its rounds, and each round's CPU per request."""
+    s = overhead.OverheadSettings(seed=args.seed)
+    gap = args.span_ms / (args.chunks - 1) if args.chunks > 1 else 0.0
+    shape = RequestShape(INSTANT_MODEL, s.input_tokens, args.chunks)
+    with Stack() as stack:
+        upstream = stack.instant_upstream(chunks=args.chunks, gap_ms=gap)
+        paths = {v.name: _start(stack, v, upstream.url) for v in variants}
+        for url, _ in paths.values():
+            run_async(overhead._closed(url, shape, s, args.connections, 1.5, "warm",
+                                                args.think_s))
+        rows: dict[str, dict[str, Any]] = {
+            name: {"requests": 0, "user_s": 0.0, "sys_s": 0.0, "ttft": [], "rounds": []}
+            for name in paths}
+        for _ in range(args.rounds):
+            for name, (url, pid) in paths.items():
+                before = cpu_times(pid)
+                results = run_async(overhead._closed(
+                    url, shape, s, args.connections, args.seconds, name, args.think_s))
+                after = cpu_times(pid)
+                ok = [x for x in results if x.ok]
+                row = rows[name]
+                row["requests"] += len(ok)
+                row["user_s"] += after[0] - before[0]
+                row["sys_s"] += after[1] - before[1]
+                row["ttft"] += [x.ttft for x in overhead._settled(ok, s) if x.ttft is not None]
+                cpu = sum(after) - sum(before)
+                row["rounds"].append(cpu / max(1, len(ok)) * 1e6)
+    return {"settings": vars(args) | {"variants": [v.__dict__ for v in variants]},
+            "variants": {name: _figures(row, args) for name, row in rows.items()}}
+
+
+def _figures(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    done = max(1, row["requests"])
+    ttft = row["ttft"]
+    return {"requests": row["requests"], "req_s": row["requests"] / (args.rounds * args.seconds),
+            "user_us": row["user_s"] / done * 1e6, "sys_us": row["sys_s"] / done * 1e6,
+            "cpu_us": (row["user_s"] + row["sys_s"]) / done * 1e6,
+            "cpu_us_by_round": row["rounds"],
+            "ttft_p50_ms": percentile(ttft, 0.5) * 1e3 if ttft else None,
+            "ttft_p99_ms": percentile(ttft, 0.99) * 1e3 if ttft else None}
+
+
+def lines(result: dict[str, Any]) -> list[str]:
+    out = ["| variant | req/s | CPU us/request (user + sys) | rounds | TTFT p50 / p99 ms |",
+           "|---|---|---|---|---|"]
+    for name, f in result["variants"].items():
+        rounds = " / ".join(f"{x:.0f}" for x in f["cpu_us_by_round"])
+        ttft = ("n/a" if f["ttft_p50_ms"] is None
+                else f"{f['ttft_p50_ms']:.2f} / {f['ttft_p99_ms']:.2f}")
+        out.append(f"| {name} | {f['req_s']:.1f} | {f['cpu_us']:.1f} ({f['user_us']:.1f} + "
+                   f"{f['sys_us']:.1f}) | {rounds} | {ttft} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("variants", nargs="+", type=parse_variant, metavar="VARIANT")
+    parser.add_argument("--connections", type=int, default=100)
+    parser.add_argument("--chunks", type=int, default=2)
+    parser.add_argument("--span-ms", type=float, default=150.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--think-s", type=float, default=0.02)
+    parser.add_argument("--seed", type=int, default=overhead.OverheadSettings.seed)
+    parser.add_argument("--json", help="write the figures here too")
+    args = parser.parse_args(argv)
+    names = [v.name for v in args.variants]
+    if len(set(names)) != len(names):
+        parser.error("variant names must differ")
+    variants = args.variants
+    del args.variants
+    result = compare(variants, args)
+    print("\n".join(lines(result)))
+    if args.json:
+        write_json(Path(args.json), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
