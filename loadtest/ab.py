@@ -7,8 +7,9 @@ A VARIANT is `NAME=SPEC`, SPEC a JSON object (empty for the defaults) with any o
 `env` (environment variables of that router, e.g. `{"SPECROUTER_AFFINITY__ENABLED":
 "false"}`), `python` (the interpreter that runs it: another venv with the project
 installed), `tree` (a checkout whose `specrouter` package it runs: another commit's
-worktree). `floor-asgi` and `floor-protocol` name the reference relays of
-`loadtest.floor_proxy` instead (no SPEC).
+worktree). `floor-asgi`, `floor-protocol` and `floor-routed` name the reference relays
+of `loadtest.floor_proxy` instead, and `sglang-router` the SGLang model gateway (the
+`peer` scenario's; `pip install '.[bench]'`): no SPEC.
 
 Every variant is one process in front of one instant upstream (`loadtest.instant_upstream`,
 one backend declared EAGLE-3, as in the `peer` scenario) streaming `--chunks` chunks over
@@ -40,8 +41,11 @@ from loadtest.procs import Stack, cpu_times
 from loadtest.promptset import RequestShape
 from loadtest.scenarios import overhead
 from loadtest.scenarios.common import run_async
-from loadtest.scenarios.peer import FLOORS, floor_starter
+from loadtest.scenarios.peer import FLOORS, PEER_KEY, floor_starter, start_sglang_router
 
+#: The relays of `loadtest.floor_proxy` a variant may name: the `peer` scenario's floors
+#: and the protocol floor with the router in the loop.
+RELAYS = {**{name: kind for name, (kind, _) in FLOORS.items()}, "floor-routed": "routed"}
 #: The directory whose `sitecustomize` imports `specrouter` from `SPECROUTER_AB_TREE`.
 TREE_SITE = Path(__file__).resolve().parent / "abtree"
 TREE_VARIABLE = "SPECROUTER_AB_TREE"
@@ -66,7 +70,7 @@ class Variant:
 def parse_variant(text: str) -> Variant:
     """`NAME=SPEC` (module docstring); a clear error for anything else."""
     name, sep, spec = text.partition("=")
-    if not name or (not sep and name not in FLOORS):
+    if not name or (not sep and name not in RELAYS and name != PEER_KEY):
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=SPEC (SPEC may be empty)")
     fields: dict[str, Any] = json.loads(spec) if spec.strip() else {}
     unknown = set(fields) - {"env", "python", "tree"}
@@ -79,8 +83,10 @@ def parse_variant(text: str) -> Variant:
 
 
 def _start(stack: Stack, variant: Variant, upstream_url: str) -> tuple[str, int]:
-    if variant.name in FLOORS:
-        return floor_starter(FLOORS[variant.name][0])(stack, upstream_url)
+    if variant.name in RELAYS:
+        return floor_starter(RELAYS[variant.name])(stack, upstream_url)
+    if variant.name == PEER_KEY:
+        return start_sglang_router(stack, upstream_url)
     backends = overhead.one_backend(upstream_url)
     router = stack.http_server(f"specrouter serve ({variant.name})", lambda port: [
         variant.python, "-m", "specrouter", "serve", "--host", "127.0.0.1", "--port", str(port),

@@ -1,6 +1,6 @@
 """The least a Python relay on this stack costs: two proxies that do nothing but relay.
 
-    python -m loadtest.floor_proxy --kind asgi|protocol --port 8001 --upstream URL
+    python -m loadtest.floor_proxy --kind asgi|protocol|routed --port 8001 --upstream URL
 
 They are the `peer` scenario's reference rows, not products: no routing, no limits, no
 error handling beyond closing a broken exchange, one upstream.
@@ -14,12 +14,21 @@ error handling beyond closing a broken exchange, one upstream.
   re-sent on a pooled keep-alive upstream connection and the upstream's response bytes
   written to the client's socket as they arrive. The gap between it and `asgi` is what
   uvicorn's request cycle and the transport's awaitable exchange cost.
+- `routed`: `protocol` with specrouter's router in the loop, as a request path below
+  uvicorn's cycle would run it: the router of `specrouter.assembly` (its telemetry polls
+  and health checks running, the upstream its one backend) reads each request's head and
+  body (`parse_head`, `request_info`), chooses and acquires a backend before the request
+  goes out, and releases it, records the outcome and observes the request's metrics when
+  the answer ends. None of the proxy's cycle (rids, the first event's check, usage,
+  aborts, limits): the gap between it and `protocol` is the routing work alone, run on
+  callbacks.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from typing import Any, cast
 from urllib.parse import urlsplit
 
@@ -27,11 +36,20 @@ import httptools
 import uvicorn
 import uvloop
 
+from specrouter.assembly import Product, build_product
 from specrouter.backends import Backend
-from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
+from specrouter.config import (
+    AffinitySettings,
+    LimitSettings,
+    TimeoutSettings,
+    UpstreamSettings,
+    load_settings,
+)
+from specrouter.proxy.request import RouteKind, parse_head, request_info
 from specrouter.proxy.transports.native import NativeUpstream
+from specrouter.routing.router import Target
 
-KINDS = ("asgi", "protocol")
+KINDS = ("asgi", "protocol", "routed")
 _HEALTH = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
 
@@ -90,8 +108,10 @@ class _Upstream(asyncio.Protocol):
         self.parser.feed_data(data)
 
     def on_message_complete(self) -> None:
-        self.client = None
+        client, self.client = self.client, None
         self.idle.append(self)
+        if client is not None:
+            client.answered()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self in self.idle:
@@ -130,6 +150,9 @@ class _Client(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self.url += url
 
+    def answered(self) -> None:
+        """The upstream's answer to this client's request ended."""
+
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
@@ -139,7 +162,10 @@ class _Client(asyncio.Protocol):
         if self.url == b"/health":
             self.transport.write(_HEALTH)
             return
-        body = b"".join(self.body)
+        self.forward(b"".join(self.body))
+
+    def forward(self, body: bytes) -> None:
+        """The request, with `body`, out on an idle upstream connection (or a new one)."""
         request = (b"POST %b HTTP/1.1\r\nhost: %b:%d\r\ncontent-type: application/json\r\n"
                    b"content-length: %d\r\n\r\n%b"
                    % (self.url, self.host.encode(), self.port, len(body), body))
@@ -164,14 +190,65 @@ class _Client(asyncio.Protocol):
         transport.write(request)
 
 
-async def serve_protocol(port: int, upstream_url: str) -> None:
-    """The `protocol` floor on 127.0.0.1:`port` until cancelled."""
+class _RoutedClient(_Client):
+    """`_Client` with the router's per-request work around each exchange (`routed`)."""
+
+    def __init__(self, host: str, port: int, idle: list[_Upstream], product: Product,
+                 affinity: AffinitySettings | None) -> None:
+        super().__init__(host, port, idle)
+        self.product, self.affinity = product, affinity
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.target: Target | None = None
+        self.started = 0.0
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.headers = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def forward(self, body: bytes) -> None:
+        self.started = time.perf_counter()
+        path = self.url.decode("latin-1")
+        scope = {"type": "http", "method": "POST", "path": path, "headers": self.headers,
+                 "query_string": b""}
+        info = request_info(RouteKind.GENERATE, path, body, parse_head(scope), self.affinity)
+        router = self.product.router
+        self.target = router.choose(info)
+        router.acquire(self.target)
+        super().forward(body)
+
+    def answered(self) -> None:
+        target, self.target = self.target, None
+        if target is None:
+            return
+        router = self.product.router
+        router.release(target)
+        router.record_outcome(target.backend.name, True)
+        took = time.perf_counter() - self.started
+        self.product.metrics.observe_request(target.pool, target.backend.name, 200, took, took)
+
+
+async def serve_protocol(port: int, upstream_url: str, routed: bool = False) -> None:
+    """The `protocol` floor (`routed`: with the router in the loop) on 127.0.0.1:`port`
+    until cancelled."""
     parts = urlsplit(upstream_url)
     host, upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
     idle: list[_Upstream] = []
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Client(host, upstream_port, idle),
-                                      "127.0.0.1", port)
+    if routed:
+        settings = load_settings(overrides={"backends": [
+            {"name": "floor", "url": upstream_url, "pool": "eagle", "group": "gpu0"}]})
+        product = build_product(settings)
+        affinity = settings.affinity if settings.affinity.enabled else None
+        await product.router.start()
+        server = await loop.create_server(
+            lambda: _RoutedClient(host, upstream_port, idle, product, affinity),
+            "127.0.0.1", port)
+    else:
+        server = await loop.create_server(lambda: _Client(host, upstream_port, idle),
+                                          "127.0.0.1", port)
     async with server:
         await server.serve_forever()
 
@@ -187,7 +264,7 @@ def main() -> None:
                     http="httptools", proxy_headers=False, log_level="warning",
                     access_log=False)
     else:
-        uvloop.run(serve_protocol(args.port, args.upstream))
+        uvloop.run(serve_protocol(args.port, args.upstream, routed=args.kind == "routed"))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ def test_variants_parse_and_bad_ones_say_why() -> None:
     assert (v.name, v.env, v.python, v.tree) == (
         "noaff", {"SPECROUTER_AFFINITY__ENABLED": "False"}, sys.executable, None)
     assert ab.parse_variant("default=").env == {}
-    assert ab.parse_variant("floor-asgi").name == "floor-asgi"
+    for relay in ("floor-asgi", "floor-routed", "sglang-router"):
+        assert ab.parse_variant(relay).name == relay
     for bad in ("default", '={"env": {}}', 'x={"envs": {}}'):
         with pytest.raises(argparse.ArgumentTypeError, match=r"expected NAME=SPEC|takes env"):
             ab.parse_variant(bad)

@@ -51,14 +51,15 @@ def test_a_streamed_completion_directly_and_through_the_router() -> None:
 
 
 def test_each_floor_relays_every_token_and_reuses_its_upstream_connection() -> None:
-    """The peer scenario's reference relays (`loadtest.floor_proxy`) carry every token of
-    a paced stream, and of a second one on the upstream connection the first left idle."""
-    from loadtest.scenarios.peer import FLOORS, compared
+    """The reference relays (`loadtest.floor_proxy`: the peer scenario's two and the
+    protocol floor with the router in the loop) carry every token of a paced stream, and
+    of a second one on the upstream connection the first left idle."""
+    from loadtest.ab import RELAYS
+    from loadtest.scenarios.peer import floor_starter
 
-    starters = dict(compared())
     with Stack() as stack:
         upstream = stack.instant_upstream(chunks=16, gap_ms=2.0)
-        for name in FLOORS:
-            url, _ = starters[name](stack, upstream.url)
+        for name, kind in RELAYS.items():
+            url, _ = floor_starter(kind)(stack, upstream.url)
             assert _stream(url) == ("a" * 16, "length"), name
             assert _stream(url) == ("a" * 16, "length"), name
