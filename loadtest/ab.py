@@ -7,9 +7,9 @@ A VARIANT is `NAME=SPEC`, SPEC a JSON object (empty for the defaults) with any o
 `env` (environment variables of that router, e.g. `{"SPECROUTER_AFFINITY__ENABLED":
 "false"}`), `python` (the interpreter that runs it: another venv with the project
 installed), `tree` (a checkout whose `specrouter` package it runs: another commit's
-worktree). `floor-asgi`, `floor-protocol` and `floor-routed` name the reference relays
-of `loadtest.floor_proxy` instead, and `sglang-router` the SGLang model gateway (the
-`peer` scenario's; `pip install '.[bench]'`): no SPEC.
+worktree). `floor-asgi`, `floor-protocol`, `floor-routed` and `floor-task` name the
+reference relays of `loadtest.floor_proxy` instead, and `sglang-router` the SGLang model
+gateway (the `peer` scenario's; `pip install '.[bench]'`): no SPEC.
 
 Every variant is one process in front of one instant upstream (`loadtest.instant_upstream`,
 one backend declared EAGLE-3, as in the `peer` scenario) streaming `--chunks` chunks over
@@ -45,7 +45,8 @@ from loadtest.scenarios.peer import FLOORS, PEER_KEY, floor_starter, start_sglan
 
 #: The relays of `loadtest.floor_proxy` a variant may name: the `peer` scenario's floors
 #: and the protocol floor with the router in the loop.
-RELAYS = {**{name: kind for name, (kind, _) in FLOORS.items()}, "floor-routed": "routed"}
+RELAYS = {**{name: kind for name, (kind, _) in FLOORS.items()}, "floor-routed": "routed",
+          "floor-task": "task"}
 #: The directory whose `sitecustomize` imports `specrouter` from `SPECROUTER_AB_TREE`.
 TREE_SITE = Path(__file__).resolve().parent / "abtree"
 TREE_VARIABLE = "SPECROUTER_AB_TREE"

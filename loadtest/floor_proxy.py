@@ -1,6 +1,6 @@
 """The least a Python relay on this stack costs: two proxies that do nothing but relay.
 
-    python -m loadtest.floor_proxy --kind asgi|protocol|routed --port 8001 --upstream URL
+    python -m loadtest.floor_proxy --kind asgi|protocol|routed|task --port 8001 --upstream URL
 
 They are the `peer` scenario's reference rows, not products: no routing, no limits, no
 error handling beyond closing a broken exchange, one upstream.
@@ -22,6 +22,11 @@ error handling beyond closing a broken exchange, one upstream.
   the answer ends. None of the proxy's cycle (rids, the first event's check, usage,
   aborts, limits): the gap between it and `protocol` is the routing work alone, run on
   callbacks.
+- `task`: `asgi` without uvicorn: the `protocol` floor's client side, and per request one
+  task that opens the exchange on the native transport and writes the head and each
+  chunk `iter_raw` yields to the client's socket. Between it and `asgi` lies uvicorn's
+  request cycle; between it and `protocol` the task and the transport's awaitable
+  exchange.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from specrouter.proxy.request import RouteKind, parse_head, request_info
 from specrouter.proxy.transports.native import NativeUpstream
 from specrouter.routing.router import Target
 
-KINDS = ("asgi", "protocol", "routed")
+KINDS = ("asgi", "protocol", "routed", "task")
 _HEALTH = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
 
@@ -230,14 +235,55 @@ class _RoutedClient(_Client):
         self.product.metrics.observe_request(target.pool, target.backend.name, 200, took, took)
 
 
-async def serve_protocol(port: int, upstream_url: str, routed: bool = False) -> None:
+class _TaskClient(_Client):
+    """`_Client` whose exchange is the `asgi` floor's app without uvicorn (`task`): one
+    task per request opens it on the native transport and writes the head and every chunk
+    it reads from `iter_raw` to the client's transport, chunked."""
+
+    def __init__(self, host: str, port: int, idle: list[_Upstream], upstream: NativeUpstream,
+                 ) -> None:
+        super().__init__(host, port, idle)
+        self.upstream = upstream
+
+    def forward(self, body: bytes) -> None:
+        asyncio.get_running_loop().create_task(self._relay(self.url.decode("latin-1"), body))
+
+    async def _relay(self, path: str, body: bytes) -> None:
+        response = await self.upstream.open("POST", path, [(b"content-type",
+                                                             b"application/json")], body,
+                                            stream=True)
+        try:
+            if self.transport is None:
+                return
+            self.transport.write(_STREAM_HEAD % response.status)
+            async for chunk in response.iter_raw():
+                if self.transport is None:
+                    return
+                self.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            if self.transport is not None:
+                self.transport.write(b"0\r\n\r\n")
+        finally:
+            await response.aclose()
+
+
+_STREAM_HEAD = (b"HTTP/1.1 %d OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n")
+
+
+async def serve_protocol(port: int, upstream_url: str, routed: bool = False,
+                         task: bool = False) -> None:
     """The `protocol` floor (`routed`: with the router in the loop) on 127.0.0.1:`port`
     until cancelled."""
     parts = urlsplit(upstream_url)
     host, upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
     idle: list[_Upstream] = []
     loop = asyncio.get_running_loop()
-    if routed:
+    if task:
+        upstream = NativeUpstream(Backend("floor", upstream_url, "baseline", "floor"),
+                                  TimeoutSettings(), UpstreamSettings(), LimitSettings())
+        server = await loop.create_server(
+            lambda: _TaskClient(host, upstream_port, idle, upstream), "127.0.0.1", port)
+    elif routed:
         settings = load_settings(overrides={"backends": [
             {"name": "floor", "url": upstream_url, "pool": "eagle", "group": "gpu0"}]})
         product = build_product(settings)
@@ -264,7 +310,8 @@ def main() -> None:
                     http="httptools", proxy_headers=False, log_level="warning",
                     access_log=False)
     else:
-        uvloop.run(serve_protocol(args.port, args.upstream, routed=args.kind == "routed"))
+        uvloop.run(serve_protocol(args.port, args.upstream, routed=args.kind == "routed",
+                                  task=args.kind == "task"))
 
 
 if __name__ == "__main__":

@@ -51,9 +51,10 @@ def test_a_streamed_completion_directly_and_through_the_router() -> None:
 
 
 def test_each_floor_relays_every_token_and_reuses_its_upstream_connection() -> None:
-    """The reference relays (`loadtest.floor_proxy`: the peer scenario's two and the
-    protocol floor with the router in the loop) carry every token of a paced stream, and
-    of a second one on the upstream connection the first left idle."""
+    """The reference relays (`loadtest.floor_proxy`: the peer scenario's two, the protocol
+    floor with the router in the loop and the ASGI floor's exchange without uvicorn) carry
+    every token of a paced stream, and of a second one on the upstream connection the
+    first left idle."""
     from loadtest.ab import RELAYS
     from loadtest.scenarios.peer import floor_starter
 
