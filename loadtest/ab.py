@@ -44,9 +44,8 @@ from loadtest.scenarios.common import run_async
 from loadtest.scenarios.peer import FLOORS, PEER_KEY, floor_starter, start_sglang_router
 
 #: The relays of `loadtest.floor_proxy` a variant may name: the `peer` scenario's floors
-#: and the protocol floor with the router in the loop.
-RELAYS = {**{name: kind for name, (kind, _) in FLOORS.items()}, "floor-routed": "routed",
-          "floor-task": "task"}
+#: and the ASGI floor's exchange without uvicorn.
+RELAYS = {**{name: kind for name, (kind, _) in FLOORS.items()}, "floor-task": "task"}
 #: The directory whose `sitecustomize` imports `specrouter` from `SPECROUTER_AB_TREE`.
 TREE_SITE = Path(__file__).resolve().parent / "abtree"
 TREE_VARIABLE = "SPECROUTER_AB_TREE"

@@ -71,6 +71,12 @@ FLOORS = {
     "floor-protocol": ("protocol", "asyncio protocols on uvloop and httptools, no ASGI "
                                    "server and no client library (`loadtest.floor_proxy`): "
                                    "what a Python relay costs at least"),
+    "floor-routed": ("routed", "floor-protocol with specrouter's router in the loop (its "
+                               "polls and health checks running; each request parsed, "
+                               "chosen, acquired, released and observed) and none of the "
+                               "proxy's cycle (`loadtest.floor_proxy`): the routing work "
+                               "on callbacks, where a request path below uvicorn's cycle "
+                               "would start"),
 }
 
 
