@@ -1,9 +1,11 @@
-"""The least a Python relay on this stack costs: two proxies that do nothing but relay.
+"""What a Python relay on this stack costs: proxies that do nothing but relay, one of them
+with specrouter's router in the loop.
 
     python -m loadtest.floor_proxy --kind asgi|protocol|routed|task --port 8001 --upstream URL
 
-They are the `peer` scenario's reference rows, not products: no routing, no limits, no
-error handling beyond closing a broken exchange, one upstream.
+They are reference rows (the `peer` scenario's `asgi`, `protocol` and `routed`; `task` for
+`loadtest.ab`), not products: no limits, no error handling beyond closing a broken
+exchange, one upstream.
 
 - `asgi`: specrouter's own stack with nothing of specrouter on it: uvicorn with httptools
   and uvloop (`proxy_headers` off, as `serve` runs it), a raw ASGI app that reads the body,
@@ -272,8 +274,8 @@ _STREAM_HEAD = (b"HTTP/1.1 %d OK\r\ncontent-type: text/event-stream\r\n"
 
 async def serve_protocol(port: int, upstream_url: str, routed: bool = False,
                          task: bool = False) -> None:
-    """The `protocol` floor (`routed`: with the router in the loop) on 127.0.0.1:`port`
-    until cancelled."""
+    """The `protocol` floor on 127.0.0.1:`port` until cancelled (`routed`: with the router
+    in the loop; `task`: the `asgi` floor's exchange on its client side)."""
     parts = urlsplit(upstream_url)
     host, upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
     idle: list[_Upstream] = []
