@@ -435,7 +435,8 @@ def compare_profile(data: dict[str, Any]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     for load in data.get("loads", []):
         name = load["name"]
-        statics = {c: by_load[c][name] for c in STATIC if name in by_load.get(c, {})}
+        statics: dict[str, dict[str, Any]] = {
+            c: by_load[c][name] for c in STATIC if name in by_load.get(c, {})}
         row: dict[str, Any] = {"load": name, "rate": load["rate"], "routers": {}}
         better = better_static(statics)
         if better is not None:
