@@ -272,20 +272,19 @@ _STREAM_HEAD = (b"HTTP/1.1 %d OK\r\ncontent-type: text/event-stream\r\n"
                 b"transfer-encoding: chunked\r\n\r\n")
 
 
-async def serve_protocol(port: int, upstream_url: str, routed: bool = False,
-                         task: bool = False) -> None:
-    """The `protocol` floor on 127.0.0.1:`port` until cancelled (`routed`: with the router
-    in the loop; `task`: the `asgi` floor's exchange on its client side)."""
+async def serve_protocol(port: int, upstream_url: str, kind: str = "protocol") -> None:
+    """The `protocol` floor, or one of its variants `routed` and `task` (module
+    docstring), on 127.0.0.1:`port` until cancelled."""
     parts = urlsplit(upstream_url)
     host, upstream_port = parts.hostname or "127.0.0.1", parts.port or 80
     idle: list[_Upstream] = []
     loop = asyncio.get_running_loop()
-    if task:
+    if kind == "task":
         upstream = NativeUpstream(Backend("floor", upstream_url, "baseline", "floor"),
                                   TimeoutSettings(), UpstreamSettings(), LimitSettings())
         server = await loop.create_server(
             lambda: _TaskClient(host, upstream_port, idle, upstream), "127.0.0.1", port)
-    elif routed:
+    elif kind == "routed":
         settings = load_settings(overrides={"backends": [
             {"name": "floor", "url": upstream_url, "pool": "eagle", "group": "gpu0"}]})
         product = build_product(settings)
@@ -312,8 +311,7 @@ def main() -> None:
                     http="httptools", proxy_headers=False, log_level="warning",
                     access_log=False)
     else:
-        uvloop.run(serve_protocol(args.port, args.upstream, routed=args.kind == "routed",
-                                  task=args.kind == "task"))
+        uvloop.run(serve_protocol(args.port, args.upstream, args.kind))
 
 
 if __name__ == "__main__":
