@@ -36,11 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.instant_upstream import MODEL as INSTANT_MODEL
-from loadtest.metrics import percentile, write_json
-from loadtest.procs import Stack, cpu_times
+from loadtest.metrics import write_json
+from loadtest.procs import Stack
 from loadtest.promptset import RequestShape
 from loadtest.scenarios import overhead
-from loadtest.scenarios.common import run_async
 from loadtest.scenarios.peer import FLOORS, PEER_KEY, floor_starter, start_sglang_router
 
 #: The relays of `loadtest.floor_proxy` a variant may name: the `peer` scenario's floors
@@ -87,55 +86,33 @@ def _start(stack: Stack, variant: Variant, upstream_url: str) -> tuple[str, int]
         return floor_starter(RELAYS[variant.name])(stack, upstream_url)
     if variant.name == PEER_KEY:
         return start_sglang_router(stack, upstream_url)
-    backends = overhead.one_backend(upstream_url)
-    router = stack.http_server(f"specrouter serve ({variant.name})", lambda port: [
-        variant.python, "-m", "specrouter", "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--log-level", "warning"],
-        env={"SPECROUTER_BACKENDS": json.dumps(backends), **variant.process_env()})
+    router = stack.router(overhead.one_backend(upstream_url), env=variant.process_env(),
+                          python=variant.python)
     return router.url, router.child.pid
 
 
 def compare(variants: list[Variant], args: argparse.Namespace) -> dict[str, Any]:
-    """Each variant's figures over all its rounds, and each round's CPU per request."""
-    s = overhead.OverheadSettings(seed=args.seed)
+    """Each variant's figures over all its rounds (`overhead`'s warmed rotation), CPU in
+    microseconds."""
+    s = overhead.OverheadSettings(seed=args.seed, rounds=args.rounds)
     gap = args.span_ms / (args.chunks - 1) if args.chunks > 1 else 0.0
     shape = RequestShape(INSTANT_MODEL, s.input_tokens, args.chunks)
     with Stack() as stack:
         upstream = stack.instant_upstream(chunks=args.chunks, gap_ms=gap)
         paths = {v.name: _start(stack, v, upstream.url) for v in variants}
-        for url, _ in paths.values():
-            run_async(overhead._closed(url, shape, s, args.connections, 1.5, "warm",
-                                                args.think_s))
-        rows: dict[str, dict[str, Any]] = {
-            name: {"requests": 0, "user_s": 0.0, "sys_s": 0.0, "ttft": [], "rounds": []}
-            for name in paths}
-        for _ in range(args.rounds):
-            for name, (url, pid) in paths.items():
-                before = cpu_times(pid)
-                results = run_async(overhead._closed(
-                    url, shape, s, args.connections, args.seconds, name, args.think_s))
-                after = cpu_times(pid)
-                ok = [x for x in results if x.ok]
-                row = rows[name]
-                row["requests"] += len(ok)
-                row["user_s"] += after[0] - before[0]
-                row["sys_s"] += after[1] - before[1]
-                row["ttft"] += [x.ttft for x in overhead._settled(ok, s) if x.ttft is not None]
-                cpu = sum(after) - sum(before)
-                row["rounds"].append(cpu / max(1, len(ok)) * 1e6)
+        figures = overhead._warmed_rotation(s, paths, shape, args.connections, args.seconds,
+                                            args.think_s)
     return {"settings": vars(args) | {"variants": [v.__dict__ for v in variants]},
-            "variants": {name: _figures(row, args) for name, row in rows.items()}}
+            "variants": {name: _in_us(f) for name, f in figures.items()}}
 
 
-def _figures(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    done = max(1, row["requests"])
-    ttft = row["ttft"]
-    return {"requests": row["requests"], "req_s": row["requests"] / (args.rounds * args.seconds),
-            "user_us": row["user_s"] / done * 1e6, "sys_us": row["sys_s"] / done * 1e6,
-            "cpu_us": (row["user_s"] + row["sys_s"]) / done * 1e6,
-            "cpu_us_by_round": row["rounds"],
-            "ttft_p50_ms": percentile(ttft, 0.5) * 1e3 if ttft else None,
-            "ttft_p99_ms": percentile(ttft, 0.99) * 1e3 if ttft else None}
+def _in_us(f: dict[str, Any]) -> dict[str, Any]:
+    """A path's figures with its CPU per request in microseconds."""
+    return {"requests": f["requests"], "req_s": f["req_s"],
+            "user_us": f["user_ms_per_request"] * 1e3, "sys_us": f["sys_ms_per_request"] * 1e3,
+            "cpu_us": f["cpu_ms_per_request"] * 1e3,
+            "cpu_us_by_round": [ms * 1e3 for ms in f["cpu_ms_by_round"]],
+            "ttft_p50_ms": f["ttft_p50_ms"], "ttft_p99_ms": f["ttft_p99_ms"]}
 
 
 def lines(result: dict[str, Any]) -> list[str]:
@@ -143,10 +120,9 @@ def lines(result: dict[str, Any]) -> list[str]:
            "|---|---|---|---|---|"]
     for name, f in result["variants"].items():
         rounds = " / ".join(f"{x:.0f}" for x in f["cpu_us_by_round"])
-        ttft = ("n/a" if f["ttft_p50_ms"] is None
-                else f"{f['ttft_p50_ms']:.2f} / {f['ttft_p99_ms']:.2f}")
         out.append(f"| {name} | {f['req_s']:.1f} | {f['cpu_us']:.1f} ({f['user_us']:.1f} + "
-                   f"{f['sys_us']:.1f}) | {rounds} | {ttft} |")
+                   f"{f['sys_us']:.1f}) | {rounds} | {f['ttft_p50_ms']:.2f} / "
+                   f"{f['ttft_p99_ms']:.2f} |")
     return out
 
 

@@ -125,8 +125,8 @@ class Child:
             pass
 
 
-def specrouter_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "specrouter", *args]
+def specrouter_argv(*args: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "specrouter", *args]
 
 
 @dataclass
@@ -248,10 +248,12 @@ class Stack:
         return RouterProc(url, child)
 
     def router(self, backends: list[dict[str, Any]], env: dict[str, str] | None = None,
-               extra_args: Sequence[str] = ()) -> RouterProc:
+               extra_args: Sequence[str] = (), python: str = sys.executable) -> RouterProc:
+        """`specrouter serve` in front of `backends`, run by the interpreter `python`."""
         return self.http_server("specrouter serve", lambda port: specrouter_argv(
             "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-            *extra_args), env={"SPECROUTER_BACKENDS": json.dumps(backends), **(env or {})})
+            *extra_args, python=python),
+            env={"SPECROUTER_BACKENDS": json.dumps(backends), **(env or {})})
 
     def instant_upstream(self, chunks: int = 1, gap_ms: float = 0.0) -> RouterProc:
         """`loadtest.instant_upstream` on a free port: an upstream that answers at once

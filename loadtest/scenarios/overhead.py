@@ -285,17 +285,22 @@ def _rotate(s: OverheadSettings, paths: dict[str, tuple[str, int]], shape: Reque
             concurrency: int, rounds: int, seconds: float, think_s: float
             ) -> dict[str, dict[str, Any]]:
     """`rounds` phases per path at `concurrency`, the paths in turn; per path its figures
-    over all its phases, CPU from its own process."""
+    over all its phases, CPU from its own process, and each phase's CPU per request
+    (`cpu_ms_by_round`: the spread a difference between paths is read against)."""
     results: dict[str, list[RequestResult]] = {name: [] for name in paths}
     cpu = {name: (0.0, 0.0) for name in paths}
+    by_round: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(rounds):
         for name, (url, pid) in paths.items():
             watch = CpuWatch({name: pid})
-            results[name] += run_async(_closed(url, shape, s, concurrency, seconds, name,
-                                               think_s))
+            phase = run_async(_closed(url, shape, s, concurrency, seconds, name, think_s))
+            results[name] += phase
             user, system = watch.times_used(name)
             cpu[name] = (cpu[name][0] + user, cpu[name][1] + system)
-    return {name: _path_figures(results[name], cpu[name], rounds * seconds, s)
+            done = max(1, sum(1 for x in phase if x.ok))
+            by_round[name].append((user + system) / done * 1e3)
+    return {name: {**_path_figures(results[name], cpu[name], rounds * seconds, s),
+                   "cpu_ms_by_round": by_round[name]}
             for name in paths}
 
 

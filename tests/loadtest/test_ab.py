@@ -55,5 +55,5 @@ def test_a_short_comparison_measures_every_variant() -> None:
         figures = result["variants"][name]
         assert figures["requests"] > 0 and figures["cpu_us"] > 0
         assert len(figures["cpu_us_by_round"]) == 1
-        assert figures["ttft_p50_ms"] is not None
+        assert figures["ttft_p50_ms"] > 0  # nan (no settled request) fails too
     assert ab.lines(result)[2].startswith("| default |")
