@@ -77,7 +77,8 @@ def build_product(
     admin = AdminApi(holder, router.live_view, settings.admin_token,
                      settings.admin_max_body_bytes)
     extra: list[BaseRoute] = [*admin.routes(), metrics_route(metrics)]
-    app = create_app(settings, router, upstreams, extra_routes=extra)
+    app = create_app(settings, router, upstreams, extra_routes=extra,
+                     observe_request=metrics.observe_request)
     return Product(MetricsMiddleware(app, metrics), app, router, metrics, holder, state)
 
 

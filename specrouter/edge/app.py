@@ -23,6 +23,7 @@ from specrouter.config import Settings
 from specrouter.edge.lifecycle import DRAIN_OPEN, Lifecycle, lifecycle_routes
 from specrouter.edge.models import ModelsRoute
 from specrouter.errors import openai_error_body
+from specrouter.proxy.fastpath import FastPath, ObserveRequest
 from specrouter.proxy.forward import Proxy
 from specrouter.proxy.request import RouteKind
 from specrouter.proxy.response import send_json
@@ -84,10 +85,13 @@ class SpecRouterApp:
     While draining, everything outside `DRAIN_OPEN` gets a 503.
     """
 
-    def __init__(self, starlette: Starlette, proxy: Proxy, lifecycle: Lifecycle) -> None:
+    def __init__(self, starlette: Starlette, proxy: Proxy, lifecycle: Lifecycle,
+                 fast_path: FastPath | None = None) -> None:
         self.starlette = starlette
         self.proxy = proxy
         self.lifecycle = lifecycle
+        # what the server offers a generation request whose body is in (`edge.guard`)
+        self.fast_path = fast_path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in DRAIN_OPEN:
@@ -122,9 +126,12 @@ def create_app(
     router: Router,
     upstreams: Mapping[str, Upstream] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
+    observe_request: ObserveRequest | None = None,
 ) -> SpecRouterApp:
     """The ASGI app. Without `upstreams` it opens (and at shutdown closes) one client per
-    backend; `extra_routes` (admin, metrics) are matched before the `/v1/*` catch-all."""
+    backend; `extra_routes` (admin, metrics) are matched before the `/v1/*` catch-all.
+    `observe_request` counts the requests the callback path serves (the metrics
+    middleware sees the others)."""
     owned = upstreams is None
     upstreams = upstreams if upstreams is not None else create_upstreams(
         router.backends, settings.timeouts, settings.upstream, settings.limits
@@ -158,4 +165,14 @@ def create_app(
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )
-    return SpecRouterApp(app, proxy, lifecycle)
+    return SpecRouterApp(app, proxy, lifecycle,
+                         _fast_path(settings, proxy, lifecycle, observe_request))
+
+
+def _fast_path(settings: Settings, proxy: Proxy, lifecycle: Lifecycle,
+               observe_request: ObserveRequest | None) -> FastPath | None:
+    """The callback path, where it is on and every backend's transport runs one."""
+    if not settings.listen.callback_path:
+        return None
+    fast = FastPath(proxy, lambda: lifecycle.draining, lifecycle.count, observe_request)
+    return fast if len(fast.upstreams) == len(proxy.upstreams) else None

@@ -17,14 +17,18 @@ import asyncio
 import time
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGI3Application
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from specrouter.edge.body import CycleBodyComplete
+from specrouter.edge.client_side import CycleClient
 from specrouter.edge.disconnect import CycleDisconnectWatch
 from specrouter.edge.writer import CycleChunkWriter
 from specrouter.errors import openai_error_body
+from specrouter.proxy.fastpath import FastExchange, FastPath
 from specrouter.proxy.request import BODY_COMPLETE
 from specrouter.proxy.response import CHUNK_WRITER, DISCONNECT_WATCH
+from specrouter.routing.arrivals import GENERATION_PATHS
 
 
 def _response(status: int, reason: bytes, message: str) -> bytes:
@@ -51,9 +55,27 @@ class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a refused request."""
 
 
+def _fast_path_of(app: Any) -> FastPath | None:
+    """The callback path the app offers (`fast_path`, on it or an app it wraps)."""
+    for _ in range(8):
+        fast = getattr(app, "fast_path", None)
+        if fast is not None:
+            return fast  # type: ignore[no-any-return]
+        app = getattr(app, "app", None)
+        if app is None:
+            break
+    return None
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """The limits are class attributes: uvicorn instantiates the class once per connection
-    and has no way to pass options through. `apply_limits` sets them for this process."""
+    and has no way to pass options through. `apply_limits` sets them for this process.
+
+    A generation request whose body arrives in the read that completes its head is
+    offered to the app's callback path (`proxy.fastpath`) instead of starting the app's
+    task; the callback path starts that task itself when the request needs it. A body
+    still incomplete after that read goes to the app, whose read is bounded in time.
+    """
 
     max_header_bytes: int = 64 * 1024
     header_timeout_s: float = 10.0
@@ -66,6 +88,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._watch: CycleDisconnectWatch | None = None  # the current cycle's
+        self._app = self.app  # the app's own (`_too_many_connections` may stand in)
+        self._fast = _fast_path_of(self.app)
+        self._reading = False  # inside data_received
+        self._deferred: RequestResponseCycle | None = None  # waits for its body's end
+        self._exchange: FastExchange | None = None
+        self._exchange_cycle: RequestResponseCycle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -74,16 +102,69 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         super().connection_lost(exc)  # marks the current cycle disconnected, as `receive` sees
+        self._deferred = None
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.lost()
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            exchange.client_lost()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._exchange is not None:
+            self._exchange.pause()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._exchange is not None:
+            self._exchange.resume()
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        scope = cycle.scope
+        if (self._fast is None or app is not self._app or scope["method"] != "POST"
+                or scope["path"] not in GENERATION_PATHS):
+            super()._start_asgi_task(cycle, app)
+        elif not cycle.more_body:
+            self._take(cycle)
+        elif self._reading:
+            self._deferred = cycle  # taken at its end if it comes in this read
+        else:
+            super()._start_asgi_task(cycle, app)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        cycle = self._deferred
+        if cycle is not None and cycle is self.cycle and not cycle.more_body:
+            self._deferred = None
+            self._take(cycle)
+
+    def _take(self, cycle: RequestResponseCycle) -> None:
+        assert self._fast is not None
+        client = CycleClient(cycle, lambda: super(GuardedHttpToolsProtocol, self)
+                             ._start_asgi_task(cycle, self._app),
+                             lambda: self._exchange_done(cycle))
+        exchange = self._fast.take(client)
+        if exchange is not None:
+            self._exchange, self._exchange_cycle = exchange, cycle
+
+    def _exchange_done(self, cycle: RequestResponseCycle) -> None:
+        if self._exchange_cycle is cycle:
+            self._exchange = self._exchange_cycle = None
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
         if self._in_head:
             self._raw_head_bytes += len(data)
-        super().data_received(data)
+        self._reading = True
+        try:
+            super().data_received(data)
+        finally:
+            self._reading = False
+        cycle, self._deferred = self._deferred, None
+        if cycle is not None:  # its body did not end in this read: the app reads it
+            super()._start_asgi_task(cycle, self._app)
         if not self._in_head or self._refused:
             return
         # A head still incomplete after this many bytes is refused without waiting for

@@ -23,6 +23,10 @@ class Lifecycle:
     draining: bool = False
     active: int = 0
 
+    def count(self, change: int) -> None:
+        """A request on the callback path began (1) or ended (-1)."""
+        self.active += change
+
 
 async def _health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})

@@ -31,9 +31,15 @@ async def first_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
         if not chunk:
             continue
         first += chunk
-        if not _opens_error(first) or b"\n\n" in first or len(first) >= MAX_FIRST_EVENT:
+        if first_event_complete(first):
             return first
     return first or None
+
+
+def first_event_complete(first: bytes) -> bool:
+    """Whether the stream's first bytes `first` are enough to relay: an ordinary first
+    output, or a whole error event (or MAX_FIRST_EVENT bytes of one)."""
+    return not _opens_error(first) or b"\n\n" in first or len(first) >= MAX_FIRST_EVENT
 
 
 def _opens_error(data: bytes) -> bool:

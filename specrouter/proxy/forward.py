@@ -90,6 +90,7 @@ from specrouter.proxy.upstream import (
     UpstreamUnreachable,
 )
 from specrouter.proxy.usage import USAGE_FIELD, asks_usage
+from specrouter.routing.arrivals import Arrival
 from specrouter.routing.router import (
     NoBackendAvailable,
     Probe,
@@ -110,7 +111,7 @@ class _HandOver(Exception):
         self.handed = handed
 
 
-class _Retry(Exception):
+class Retry(Exception):
     """This attempt failed before the first byte: try another backend."""
 
     def __init__(self, status: int, message: str, unreachable: bool = False) -> None:
@@ -120,8 +121,28 @@ class _Retry(Exception):
         self.unreachable = unreachable  # the backend never took the connection
 
 
+#: The scope extension under which the callback path (`proxy.fastpath`) hands this path a
+#: request it began, before any byte of it reached the client: a `Resume`.
+RESUME = "specrouter.resume"
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a request the callback path began goes on: its arrival is recorded
+    (`arrival`: the quiet window still to wait for, if any) and, as far as it got, the
+    target it chose and did not acquire, the backends it tried with the failure that
+    made it retry, or its recall."""
+
+    arrival: Arrival | None = None
+    target: Target | None = None
+    tried: frozenset[str] = frozenset()
+    exclude: frozenset[str] = frozenset()
+    failed: Retry | None = None
+    recalled: bool = False
+
+
 @dataclass(slots=True)
-class _Attempt:
+class Attempt:
     """One try of a request on one backend. `settled`: the backend no longer holds the
     request (it answered in full, refused it, or never got it)."""
 
@@ -190,8 +211,10 @@ class Proxy:
         except RouterError as err:
             await send_json(send, err.status, err.body(), [(REQUEST_ID, head.request_id)])
         else:
+            extensions = scope.get("extensions")
+            resume = None if extensions is None else extensions.get(RESUME)
             await RequestCycle(self, scope, send, head, body, info,
-                               kind is RouteKind.GENERATE).run(receive)
+                               kind is RouteKind.GENERATE).run(receive, resume)
         finally:
             self.bodies.give_back(len(body))
 
@@ -253,7 +276,9 @@ class RequestCycle:
         self.answer = b""  # a non-stream answer's body, read for its usage
         self.first_at: float | None = None  # when a stream's first chunk came (monotonic)
 
-    async def run(self, receive: Receive) -> None:
+    async def run(self, receive: Receive, resume: Resume | None = None) -> None:
+        """Carry the request to a backend and back; from where `resume` says the callback
+        path left it, if it began it."""
         self.task = task = asyncio.current_task()
         assert task is not None
         watch = self.disconnect_watch
@@ -263,7 +288,7 @@ class RequestCycle:
         else:
             watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive))
         try:
-            await self._forward()
+            await self._forward(resume)
         except asyncio.CancelledError:
             # We cancelled ourselves because the client left: the upstream is already
             # closed by the `finally` blocks below; nothing more to answer.
@@ -297,37 +322,41 @@ class RequestCycle:
                 self._client_left()
                 return
 
-    async def _forward(self) -> None:
+    async def _forward(self, resume: Resume | None) -> None:
         """Choose, attempt, and on a retryable failure or a recall choose again."""
         tried: frozenset[str] = frozenset()
         exclude: frozenset[str] = frozenset()
-        failed: _Retry | None = None
-        burst_ahead = await self.router.settle(self.info)
+        failed: Retry | None = None
+        chosen: Target | None = None
+        if resume is None:
+            burst_ahead = await self.router.settle(self.info)
+        else:
+            arrival = resume.arrival
+            burst_ahead = 0 if arrival is None else await self.router.wait(arrival)
+            tried, exclude, failed, chosen = (resume.tried, resume.exclude, resume.failed,
+                                              resume.target)
+            if resume.recalled:
+                self.info = replace(self.info, recalled=True)
         if burst_ahead:
             self.info = replace(self.info, burst_ahead=burst_ahead)
         while True:
-            try:
-                target = self.router.choose(
-                    replace(self.info, exclude=exclude) if exclude else self.info)
-            except NoBackendAvailable as exc:
-                err = (RouterError(503, str(exc), code="no_backend") if failed is None
-                       else RouterError(failed.status, failed.message))
-                await self._refuse(err)
-                return
-            except RouterError as err:  # the router refused the request (e.g. a bad header)
-                await self._refuse(err)
-                return
-            if target.probe is not None:
-                self._send_probe(target.probe)
+            target = chosen
+            chosen = None
+            if target is None:
+                target = await self._choose(exclude, failed)
+                if target is None:
+                    return
+                if target.probe is not None:
+                    self.send_probe(target.probe)
             may_retry = self.proxy.retry and not tried and self.handed is None
-            attempt = self._prepare(target)
+            attempt = self.prepare(target)
             self.router.acquire(target)
             try:
                 await self._attempt(attempt, may_retry)
                 return
-            except _Retry as retry:
+            except Retry as retry:
                 tried, failed = tried | {target.backend.name}, retry
-                exclude = self._retry_exclude(tried, target, retry.unreachable)
+                exclude = self.retry_exclude(tried, target, retry.unreachable)
                 log.info("request %s: retrying after %s", self.head.request_id.decode(),
                          retry.message)
             except Recalled:
@@ -335,15 +364,31 @@ class RequestCycle:
                 log.info("request %s: recalled from %s before its first byte",
                          self.head.request_id.decode(), target.backend.name)
             except _HandOver as move:
-                self.body, self.handed = move.handed.body, Restamp(move.handed)
-                self.info = replace(self.info, recalled=True, handed_over=True)
-                log.info("request %s: handed over from %s after %d events",
-                         self.head.request_id.decode(), target.backend.name,
-                         move.handed.sent.events)
+                self.hand_over(move.handed, target)
             finally:
-                self._leave(attempt)
+                self.leave(attempt)
 
-    def _prepare(self, target: Target) -> _Attempt:
+    async def _choose(self, exclude: frozenset[str], failed: Retry | None) -> Target | None:
+        """The router's choice, or None once the client got the router's refusal."""
+        try:
+            return self.router.choose(
+                replace(self.info, exclude=exclude) if exclude else self.info)
+        except NoBackendAvailable as exc:
+            err = (RouterError(503, str(exc), code="no_backend") if failed is None
+                   else RouterError(failed.status, failed.message))
+        except RouterError as refused:  # the router refused the request (e.g. a bad header)
+            err = refused
+        await self._refuse(err)
+        return None
+
+    def hand_over(self, handed: Continuation, target: Target) -> None:
+        """The stream goes on elsewhere as `handed`, its events restamped as this one's."""
+        self.body, self.handed = handed.body, Restamp(handed)
+        self.info = replace(self.info, recalled=True, handed_over=True)
+        log.info("request %s: handed over from %s after %d events",
+                 self.head.request_id.decode(), target.backend.name, handed.sent.events)
+
+    def prepare(self, target: Target) -> Attempt:
         """The attempt's headers and body: a generation gets a fresh rid unless the
         client set its own, and the request for its usage event (`usage_asked`)."""
         headers = self.head.upstream_headers(target.backend)
@@ -357,9 +402,9 @@ class RequestCycle:
                 rids = (rid,)
                 fields.append(rid_field(rid))
         body = with_first_fields(self.body, b",".join(fields)) if fields else self.body
-        return _Attempt(target, headers, body, rids)
+        return Attempt(target, headers, body, rids)
 
-    def _leave(self, attempt: _Attempt) -> None:
+    def leave(self, attempt: Attempt) -> None:
         """Release the attempt's backend: now, or once it dropped an unfinished
         generation (`Abandoner`)."""
         if attempt.settled or not self.generation:
@@ -368,7 +413,7 @@ class RequestCycle:
             self.proxy.abandoner.abandon(attempt.target, attempt.rids,
                                          abort_headers(attempt.headers))
 
-    def _send_probe(self, probe: Probe) -> None:
+    def send_probe(self, probe: Probe) -> None:
         shadow = probe_body(self.path, self.body, probe.max_tokens)
         if shadow is None:
             return
@@ -377,7 +422,7 @@ class RequestCycle:
                                              self.head.request_id + b"-probe")
         self.proxy.prober.send(probe.target, self.path, headers, shadow)
 
-    async def _attempt(self, attempt: _Attempt, may_retry: bool) -> None:
+    async def _attempt(self, attempt: Attempt, may_retry: bool) -> None:
         target = attempt.target
         name = target.backend.name
         upstream = self.proxy.upstreams[name]
@@ -395,8 +440,8 @@ class RequestCycle:
             attempt.settled = True  # the backend never took the request
             self.router.record_outcome(name, False, str(exc))
             message = f"backend {name} unreachable: {exc}"
-            if may_retry and self._has_alternative(target):
-                raise _Retry(502, message, unreachable=True) from exc
+            if may_retry and self.has_alternative(target):
+                raise Retry(502, message, unreachable=True) from exc
             await self._fail(target, 502, message)
             return
         except UpstreamTimeout as exc:
@@ -410,10 +455,10 @@ class RequestCycle:
         try:
             status = response.status
             if (status in self.proxy.retry_statuses and may_retry
-                    and self._has_alternative(target)):
+                    and self.has_alternative(target)):
                 attempt.settled = True
                 self.router.record_outcome(name, False, f"HTTP {status}")
-                raise _Retry(status, f"backend {name} answered HTTP {status}")
+                raise Retry(status, f"backend {name} answered HTTP {status}")
             if self.handed is not None:
                 error = await self._relay_continuation(response, attempt, self.handed)
             elif is_event_stream(response.headers):
@@ -424,13 +469,13 @@ class RequestCycle:
             if error is None and status >= 500:
                 error = f"HTTP {status}"
             if error is None and self.generation and status < 300:
-                self._observe_answer(target)
+                self.observe_answer(target)
             if not attempt.cut_by_router:
                 self.router.record_outcome(name, error is None, error)
         finally:
             await response.aclose()
 
-    def _observe_answer(self, target: Target) -> None:
+    def observe_answer(self, target: Target) -> None:
         """Tell the router what the engine reported it had cached of this request and, for
         a stream one engine answered whole, its time per output token after the first
         (first chunk to end). A continuation's usage counts its own tokens while its
@@ -445,7 +490,7 @@ class RequestCycle:
                 took_ms = (time.monotonic() - self.first_at) * 1000.0
                 self.router.observe_pace(target, took_ms / (tokens - 1))
 
-    def _retry_exclude(self, tried: frozenset[str], failed: Target,
+    def retry_exclude(self, tried: frozenset[str], failed: Target,
                        unreachable: bool) -> frozenset[str]:
         """What the retry's choice excludes: the backends tried and, after a backend that
         could not be reached, its whole GPU group while another group has a healthy
@@ -456,7 +501,7 @@ class RequestCycle:
         avoid = tried | {b.name for b in self.router.backends if b.group == failed.group}
         return avoid if self._healthy_outside(avoid) else tried
 
-    def _has_alternative(self, target: Target) -> bool:
+    def has_alternative(self, target: Target) -> bool:
         """Whether a retry could land anywhere: without one, answer the first failure."""
         return self._healthy_outside({target.backend.name})
 
@@ -483,12 +528,12 @@ class RequestCycle:
         body = openai_error_body(status, message)
         await send_json(self.send, status, body, target_headers(target, self.head.request_id))
 
-    async def _relay_stream(self, response: UpstreamResponse, attempt: _Attempt,
+    async def _relay_stream(self, response: UpstreamResponse, attempt: Attempt,
                             may_retry: bool) -> str | None:
         """Pass SSE chunks through as they arrive; end a broken stream with an error event.
         Returns what went wrong upstream, if anything. The response head leaves with the
         first chunk; before it, a recall raises Recalled and, while a retry is possible, a
-        first event with a retryable status raises _Retry; after it, a recall raises
+        first event with a retryable status raises Retry; after it, a recall raises
         _HandOver once the client got a whole event (`_hand_over_at`). After the first
         chunk the body is diverted to the client's chunk writer when the server offers one
         (`CHUNK_WRITER`): chunks then go from the upstream's socket to the client's with
@@ -499,7 +544,7 @@ class RequestCycle:
         start = {"type": "http.response.start", "status": response.status, "headers": headers}
         send = self.send
         started = False
-        handover = self._may_hand_over(target)
+        handover = self.may_hand_over(target)
         relay = self.relay = StreamRelay(
             self.writer, self.proxy.handover_record_bytes if handover else 0,
             without_usage=self.usage_asked)
@@ -511,12 +556,12 @@ class RequestCycle:
             if first is not None:
                 self.first_at = time.monotonic()
                 if may_retry:
-                    self._retry_error_event(first, attempt)
+                    self.check_first_event(first, attempt)
                 await send(start)
                 started = True
                 await self._send_part(relay, first)
                 if handover and target.recall is not None:
-                    _hold_on(target.recall, relay)
+                    hold_on(target.recall, relay)
                 direct = direct and response.divert(relay.write)
                 async for chunk in chunks:
                     if chunk and relay.holding:
@@ -527,14 +572,14 @@ class RequestCycle:
                             response.divert(relay.write)
         except UpstreamError as exc:
             failure = exc
-        error, trailer = self._stream_outcome(attempt, relay, failure)
+        error, trailer = self.stream_outcome(attempt, relay, failure)
         if not started:
             await send(start)
         await send({"type": "http.response.body", "body": relay.rest_for_client() + trailer,
                     "more_body": False})
         return error
 
-    def _stream_outcome(self, attempt: _Attempt, relay: StreamRelay,
+    def stream_outcome(self, attempt: Attempt, relay: StreamRelay,
                         failure: UpstreamError | None) -> tuple[str | None, bytes]:
         """What went wrong with a relayed stream (None: it ended with [DONE]) and the
         bytes that end it for the client: nothing, or an error event."""
@@ -556,7 +601,7 @@ class RequestCycle:
             return None, b""
         return error, stream_error_trailer(attempt.target, relay.tail, error, code)
 
-    def _may_hand_over(self, target: Target) -> bool:
+    def may_hand_over(self, target: Target) -> bool:
         """Whether this stream may be handed over after its first byte: a stream the
         router may recall, of a route a continuation exists for."""
         return (target.recall is not None and self.proxy.handover_max_tokens > 0
@@ -572,13 +617,13 @@ class RequestCycle:
                 return chunk  # the event goes on in the next chunk
             await self._send_part(relay, chunk[:cut])
             chunk = chunk[cut:]
-        handed = self._continuation(relay, target)
+        handed = self.handed_continuation(relay, target)
         if handed is not None:
             raise _HandOver(handed)
         relay.holding, relay.record = False, None
         return chunk
 
-    def _continuation(self, relay: StreamRelay, target: Target) -> Continuation | None:
+    def handed_continuation(self, relay: StreamRelay, target: Target) -> Continuation | None:
         """The continuation of this stream after what the client got, if the request
         allows one and its context fits in what is left of the switch's handover budget
         (the streams that reach their next event first take it)."""
@@ -597,7 +642,7 @@ class RequestCycle:
         budget = target.recall.budget if target.recall is not None else None
         return handed if budget is not None and budget.take(prompt + handed.tokens_sent) else None
 
-    async def _relay_continuation(self, response: UpstreamResponse, attempt: _Attempt,
+    async def _relay_continuation(self, response: UpstreamResponse, attempt: Attempt,
                                   restamp: Restamp) -> str | None:
         """Relay a handed-over stream's continuation after the bytes the client already
         got: its events restamped as the first stream's, its failure as an error event."""
@@ -615,7 +660,7 @@ class RequestCycle:
             await self._send_part(relay, restamp.flush())
         except UpstreamError as exc:
             failure = exc
-        error, trailer = self._stream_outcome(attempt, relay, failure)
+        error, trailer = self.stream_outcome(attempt, relay, failure)
         await self.send({"type": "http.response.body", "body": relay.rest_for_client() + trailer,
                          "more_body": False})
         return error
@@ -635,17 +680,17 @@ class RequestCycle:
         await self.send({"type": "http.response.body",
                          "body": sse_error_event(message, code=status), "more_body": False})
 
-    def _retry_error_event(self, first: bytes, attempt: _Attempt) -> None:
-        """Raise _Retry when the stream opens with an error event whose status is
+    def check_first_event(self, first: bytes, attempt: Attempt) -> None:
+        """Raise Retry when the stream opens with an error event whose status is
         retryable (SGLang's full queue) and another backend could take the request."""
         status = event_status(first)
         target = attempt.target
-        if status not in self.proxy.event_retry_statuses or not self._has_alternative(target):
+        if status not in self.proxy.event_retry_statuses or not self.has_alternative(target):
             return
         attempt.settled = True  # SGLang ended the request with that event
         name = target.backend.name
         self.router.record_outcome(name, False, f"stream error event {status}")
-        raise _Retry(status, f"backend {name} answered a stream with error {status}")
+        raise Retry(status, f"backend {name} answered a stream with error {status}")
 
     async def _relay_buffered(self, response: UpstreamResponse, target: Target) -> str | None:
         """A non-SSE body: read it whole (bounded by `total` and by
@@ -672,7 +717,7 @@ class RequestCycle:
         return None
 
 
-def _hold_on(recall: RecallEvent, relay: StreamRelay) -> None:
+def hold_on(recall: RecallEvent, relay: StreamRelay) -> None:
     """Make `relay` hold its next chunk once `recall` is set (now, if it is)."""
     if recall.is_set():
         relay.hold()

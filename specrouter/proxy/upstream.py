@@ -10,7 +10,7 @@ client gets.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from specrouter.backends import Backend
 from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
@@ -64,6 +64,49 @@ class UpstreamResponse(Protocol):
     async def aclose(self) -> None:
         """Release the exchange. Closing before the body ended drops the connection, which
         is how SGLang learns the client is gone and aborts the request."""
+
+
+class ExchangeListener(Protocol):
+    """Who follows an exchange started on callbacks (`CallbackUpstream.start`). Each
+    method is called at most once per exchange except `on_data`; after `on_end` or
+    `on_error` nothing more is called. `on_head` runs inside the response parser, before
+    any body byte; `on_data` gets each read's body bytes together."""
+
+    def on_head(self, status: int, headers: RawHeaders) -> None: ...
+
+    def on_data(self, data: bytes) -> None: ...
+
+    def on_end(self) -> None: ...
+
+    def on_error(self, error: UpstreamError) -> None: ...
+
+
+class Exchange(Protocol):
+    """One exchange started on callbacks, to steer while it runs."""
+
+    def pause_reading(self) -> None:
+        """Stop reading the backend's answer (the client's buffer is full)."""
+
+    def resume_reading(self) -> None: ...
+
+    def detach(self) -> None:
+        """Stop calling the listener: the exchange is left as it stands."""
+
+
+@runtime_checkable
+class CallbackUpstream(Protocol):
+    """A transport that can also run an exchange on callbacks: no task, no future."""
+
+    def start(self, method: str, path: str, headers: RawHeaders, body: RequestBody,
+              listener: ExchangeListener) -> Exchange | None:
+        """Send a streaming request on an idle keep-alive connection and report its
+        answer to `listener`; None, with nothing sent, when no connection is idle or the
+        body is too large for one write (the caller then uses `open`). The timeouts and
+        limits are `open`'s for a stream."""
+
+    def finish(self, exchange: Exchange) -> None:
+        """Give the exchange's connection back: kept for the next request if the answer
+        was read to its end, else closed (which is how SGLang learns the client left)."""
 
 
 class Upstream(Protocol):

@@ -22,9 +22,18 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 #: The routes whose requests are generations, the ones a burst is made of.
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A request that arrived (`at`, event-loop time, the `seen`-th ever) and waits."""
+
+    at: float
+    seen: int
 
 
 class ArrivalWindow:
@@ -65,24 +74,31 @@ class ArrivalWindow:
             recent.popleft()
         self._peak = max(self._peak, len(recent))
 
-    async def settle(self, worth_waiting: Callable[[], bool]) -> int:
-        """Record an arrival and, when `worth_waiting()`, wait for a quiet window.
-        Returns how many more requests of a burst still arriving at the cap the
-        decision should expect (0 when the burst ended within the wait)."""
-        loop = asyncio.get_running_loop()
-        arrived = loop.time()
+    def arrive(self, worth_waiting: Callable[[], bool]) -> Arrival | None:
+        """Record an arrival; when `worth_waiting()`, the arrival to `wait` for a quiet
+        window from (None: no wait)."""
+        arrived = asyncio.get_running_loop().time()
         self._record(arrived)
-        seen_before = self._arrivals
-        if not worth_waiting():
-            return 0
+        return Arrival(arrived, self._arrivals) if worth_waiting() else None
+
+    async def settle(self, worth_waiting: Callable[[], bool]) -> int:
+        """`arrive`, then `wait` if it is worth waiting (0 if not)."""
+        arrival = self.arrive(worth_waiting)
+        return 0 if arrival is None else await self.wait(arrival)
+
+    async def wait(self, arrival: Arrival) -> int:
+        """Wait for a quiet window after `arrival`. Returns how many more requests of a
+        burst still arriving at the cap the decision should expect (0 when the burst
+        ended within the wait)."""
+        loop = asyncio.get_running_loop()
         self.pending += 1
         try:
-            cap = arrived + self.max_wait_s
+            cap = arrival.at + self.max_wait_s
             while True:
                 quiet_at = self._last_arrival + self.window_s
                 now = loop.time()
                 if now >= min(quiet_at, cap):
-                    return self._arrivals - seen_before if quiet_at > cap else 0
+                    return self._arrivals - arrival.seen if quiet_at > cap else 0
                 await asyncio.sleep(min(quiet_at, cap) - now)
         finally:
             self.pending -= 1

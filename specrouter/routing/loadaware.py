@@ -26,7 +26,7 @@ from specrouter.routing.affinity.tracker import (
     prices_of,
     tracker_of,
 )
-from specrouter.routing.arrivals import GENERATION_PATHS, ArrivalWindow
+from specrouter.routing.arrivals import GENERATION_PATHS, Arrival, ArrivalWindow
 from specrouter.routing.costmodel import GroupCostModel
 from specrouter.routing.decision import (
     Decision,
@@ -147,11 +147,18 @@ class LoadAwareRouter:
 
     async def settle(self, request: RequestInfo) -> int:
         """The arrival window (`arrivals`) for a generation request the router decides."""
+        arrival = self.arrive(request)
+        return 0 if arrival is None else await self._arrivals.wait(arrival)
+
+    def arrive(self, request: RequestInfo) -> Arrival | None:
         if (not self._arrivals.enabled or request.pool is not None or request.exclude
                 or request.path not in GENERATION_PATHS):
-            return 0
+            return None
         policy = self._policy.current
-        return await self._arrivals.settle(lambda: self._window_matters(policy))
+        return self._arrivals.arrive(lambda: self._window_matters(policy))
+
+    async def wait(self, arrival: Arrival) -> int:
+        return await self._arrivals.wait(arrival)
 
     def choose(self, request: RequestInfo) -> Target:
         now = self._clock()

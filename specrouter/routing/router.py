@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from specrouter.backends import Backend, Pool
 from specrouter.routing.affinity.keys import PrefixKeys
+from specrouter.routing.arrivals import Arrival
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,13 @@ class Router(Protocol):
     async def settle(self, request: RequestInfo) -> int:
         """Before the first `choose`: may wait (the arrival window) and returns how many
         more requests of a burst the decision should expect (`RequestInfo.burst_ahead`)."""
+
+    def arrive(self, request: RequestInfo) -> Arrival | None:
+        """`settle` in two steps, for a caller that cannot wait at once: record the
+        request's arrival; an `Arrival` says it should `wait` before its `choose`."""
+
+    async def wait(self, arrival: Arrival) -> int:
+        """`settle`'s wait for an arrival `arrive` returned; `settle`'s result."""
 
     def choose(self, request: RequestInfo) -> Target:
         """The backend for a new request; raise NoBackendAvailable when there is none."""

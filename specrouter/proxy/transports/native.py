@@ -27,6 +27,8 @@ from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.observe.local_errors import local_resource_error
 from specrouter.proxy.upstream import (
     ChunkWriter,
+    Exchange,
+    ExchangeListener,
     RawHeaders,
     RequestBody,
     UpstreamError,
@@ -56,12 +58,16 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
         self._drained: asyncio.Future[None] | None = None  # set while writing is paused
+        self._feeding = False  # inside the parser: a listener's end waits for the read's data
         self._reset()
 
     def _reset(self) -> None:
         self.status = 0
         self.headers: RawHeaders = []
+        self._started = False  # an exchange began since the last reset
+        self._in_head = False  # ... and its final response head has not arrived
         self._head: asyncio.Future[None] | None = None
+        self._listener: ExchangeListener | None = None  # an exchange run on callbacks
         self._chunks: list[bytes] = []
         self._divert: ChunkWriter | None = None
         self._diverting: list[bytes] = []  # diverted body bytes of the read being parsed
@@ -89,16 +95,21 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = self._loop.time()
-        in_head = self._head is not None and not self._head.done()
+        in_head = self._in_head
+        self._feeding = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            self._feeding = False
             self._pass_diverted()
             self._fail(UpstreamError(f"bad HTTP response from backend: {exc}"))
             self.close()
             return
+        self._feeding = False
         self._pass_diverted()
-        if in_head and self._head is not None and not self._head.done():
+        if self._complete and self._listener is not None:
+            self._leave_listener().on_end()  # after the read's last bytes
+        elif in_head and self._in_head:
             # A head still incomplete after this many bytes is refused without waiting for
             # its end: what httptools buffers stays bounded (the limit plus one read).
             self._head_bytes += len(data)
@@ -121,9 +132,9 @@ class Connection(asyncio.Protocol):
         self._cancel_timer()
         self._wake_writer()
         self._connections.forget(self)
-        if self._complete or self._head is None:
+        if self._complete or not self._started:
             return
-        if not self._head.done():
+        if self._in_head:
             self._fail(UpstreamUnreachable("backend closed the connection before answering"))
         elif self._close_delimited:
             self._finish()  # a body without length or chunking ends with the connection
@@ -159,10 +170,14 @@ class Connection(asyncio.Protocol):
             self._header_count = 0
             return
         self.status = status
+        self._in_head = False
         self._keep_alive = self._parser.should_keep_alive()
         if self.status in (204, 304) or 100 <= self.status < 200:
             self._close_delimited = False
-        if self._head is not None and not self._head.done():
+        if self._listener is not None:
+            self._divert = self._to_listener
+            self._listener.on_head(status, self.headers)
+        elif self._head is not None and not self._head.done():
             self._head.set_result(None)
         if self._head_only:
             # The answer to HEAD has no body whatever its headers say; llhttp cannot be
@@ -220,11 +235,7 @@ class Connection(asyncio.Protocol):
         self._head = self._loop.create_future()
         if self.closed:
             raise UpstreamUnreachable("backend closed the connection")
-        self._timeout = timeout
-        self._last_activity = now = self._loop.time()
-        if max_duration is not None:
-            self._deadline = now + max_duration
-        self._timer = self._loop.call_later(min(timeout, self._deadline - now), self._check_idle)
+        self._begin(timeout, max_duration)
         assert self.transport is not None
         if len(body) <= _WRITE_SLICE:
             self.transport.write(head + body)
@@ -232,6 +243,46 @@ class Connection(asyncio.Protocol):
             self.transport.write(head)
             await self._write_slices(body)
         await self._head
+
+    def start(self, request: bytes, timeout: float, max_duration: float | None,
+              listener: ExchangeListener) -> None:
+        """Write the request (head and body, `request`) and report its answer to
+        `listener` (`proxy.upstream.ExchangeListener`), with `send_request`'s timeouts."""
+        self._reset()
+        self._listener = listener
+        self._begin(timeout, max_duration)
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def _begin(self, timeout: float, max_duration: float | None) -> None:
+        self._started = self._in_head = True
+        self._timeout = timeout
+        self._last_activity = now = self._loop.time()
+        if max_duration is not None:
+            self._deadline = now + max_duration
+        self._timer = self._loop.call_later(min(timeout, self._deadline - now), self._check_idle)
+
+    def _to_listener(self, data: bytes) -> bool:
+        if self._listener is not None:
+            self._listener.on_data(data)
+        return True
+
+    def _leave_listener(self) -> ExchangeListener:
+        listener = self._listener
+        assert listener is not None
+        self._listener = self._divert = None
+        return listener
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed and not self._paused:
+            self.transport.resume_reading()
+
+    def detach(self) -> None:
+        self._listener = self._divert = None
 
     async def _write_slices(self, body: RequestBody) -> None:
         with memoryview(body) as view:
@@ -286,15 +337,20 @@ class Connection(asyncio.Protocol):
         self._complete = True
         self._cancel_timer()
         self._wake()
+        if self._listener is not None and not self._feeding:
+            self._leave_listener().on_end()
 
     def _fail(self, error: UpstreamError) -> None:
         if self._complete or self._error is not None:
             return
         self._error = error
+        self._in_head = False
         self._cancel_timer()
         if self._head is not None and not self._head.done():
             self._head.set_exception(error)
         self._wake()
+        if self._listener is not None:
+            self._leave_listener().on_error(error)
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -359,6 +415,14 @@ class ConnectionPool:
         self._open: set[Connection] = set()
         self._connecting = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def take_idle(self) -> Connection | None:
+        """An idle keep-alive connection, None if there is none."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed:
+                return conn
+        return None
 
     async def acquire(self) -> tuple[Connection, bool]:
         """A connection (and whether it was reused), opening one if none is idle."""
@@ -471,16 +535,36 @@ class NativeUpstream:
         self._stream_timeout = timeouts.first_byte
         self._total_timeout = timeouts.total
 
-    async def open(
-        self, method: str, path: str, headers: RawHeaders, body: RequestBody, *, stream: bool
-    ) -> NativeResponse:
+    def _request_head(self, method: str, path: str, headers: RawHeaders,
+                      body: RequestBody) -> bytes:
         connections = self._connections
         parts = [method.encode(), b" ", connections.prefix, path.encode("latin-1"),
                  b" HTTP/1.1\r\nhost: ", connections.host_header, b"\r\n"]
         for key, value in headers:
             parts += (key, b": ", value, b"\r\n")
         parts += (b"content-length: ", str(len(body)).encode(), b"\r\n\r\n")
-        head = b"".join(parts)
+        return b"".join(parts)
+
+    def start(self, method: str, path: str, headers: RawHeaders, body: RequestBody,
+              listener: ExchangeListener) -> Connection | None:
+        if len(body) > _WRITE_SLICE or method == "HEAD":
+            return None
+        conn = self._connections.take_idle()
+        if conn is None:
+            return None
+        conn.start(self._request_head(method, path, headers, body) + body, self._stream_timeout,
+                   self._connections.max_duration, listener)
+        return conn
+
+    def finish(self, exchange: Exchange) -> None:
+        assert isinstance(exchange, Connection)
+        self._connections.release(exchange)
+
+    async def open(
+        self, method: str, path: str, headers: RawHeaders, body: RequestBody, *, stream: bool
+    ) -> NativeResponse:
+        connections = self._connections
+        head = self._request_head(method, path, headers, body)
         timeout = self._stream_timeout if stream else self._total_timeout
         max_duration = connections.max_duration if stream else None
         head_only = method == "HEAD"
