@@ -41,7 +41,8 @@ class CycleClient:
         self.send = cast(Send, cycle.send)
         self.receive = cast(Receive, cycle.receive)
 
-    def start_response(self, status: int, headers: RawHeaders, chunked: bool) -> None:
+    def respond(self, status: int, headers: RawHeaders, chunked: bool, body: bytes = b"",
+                end: bool = False) -> None:
         cycle = self._cycle
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
@@ -59,9 +60,16 @@ class CycleClient:
             content.append(b"connection: close\r\n")
         cycle.chunked_encoding = chunked
         if chunked:
-            content.append(b"transfer-encoding: chunked\r\n")
-        content.append(b"\r\n")
+            content.append(b"transfer-encoding: chunked\r\n\r\n")
+            if body:
+                content.append(b"%x\r\n%b\r\n" % (len(body), body))
+            if end:
+                content.append(_LAST_CHUNK)
+        else:
+            content += (b"\r\n", body)
         self._write(b"".join(content))
+        if end:
+            self._complete()
 
     def write_chunk(self, data: bytes) -> bool:
         if data:
@@ -69,13 +77,13 @@ class CycleClient:
         return True
 
     def end_response(self, last: bytes) -> None:
-        cycle = self._cycle
-        if cycle.response_complete:
+        if self._cycle.response_complete:
             return
-        if cycle.chunked_encoding:
-            self._write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(last), last) if last else _LAST_CHUNK)
-        else:
-            self._write(last)
+        self._write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(last), last) if last else _LAST_CHUNK)
+        self._complete()
+
+    def _complete(self) -> None:
+        cycle = self._cycle
         cycle.response_complete = True
         cycle.message_event.set()
         if not cycle.keep_alive:

@@ -141,8 +141,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _take(self, cycle: RequestResponseCycle) -> None:
         assert self._fast is not None
-        client = CycleClient(cycle, lambda: super(GuardedHttpToolsProtocol, self)
-                             ._start_asgi_task(cycle, self._app),
+        client = CycleClient(cycle, lambda: self._start_app(cycle),
                              lambda: self._exchange_done(cycle))
         exchange = self._fast.take(client)
         if exchange is not None:
@@ -164,7 +163,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._reading = False
         cycle, self._deferred = self._deferred, None
         if cycle is not None:  # its body did not end in this read: the app reads it
-            super()._start_asgi_task(cycle, self._app)
+            self._start_app(cycle)
         if not self._in_head or self._refused:
             return
         # A head still incomplete after this many bytes is refused without waiting for
@@ -206,15 +205,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             raise _HeadRefused  # stops the parser; send_400_response stays quiet
         if not self._over_concurrency():
             super().on_headers_complete()
-            if self.cycle is not None and self.cycle.scope is self.scope:
-                # the app may write its stream's chunks past `send` (`edge.writer`), learn
-                # of a disconnect without a task waiting in `receive` (`edge.disconnect`)
-                # and read a body that is in without a timer (`edge.body`)
-                self._watch = CycleDisconnectWatch(self.cycle)
-                extensions: dict[str, Any] = {CHUNK_WRITER: CycleChunkWriter(self.cycle),
-                                              DISCONNECT_WATCH: self._watch,
-                                              BODY_COMPLETE: CycleBodyComplete(self.cycle)}
-                self.scope["extensions"] = extensions
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope and self._deferred is not cycle:
+                self._extend(cycle)
             return
         # uvicorn would answer its own plain-text 503; clients parse OpenAI errors. Its
         # limit check is switched off for this one request, which our app then refuses.
@@ -225,6 +218,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().on_headers_complete()
         finally:
             self.app, self.limit_concurrency = app, limit
+
+    def _extend(self, cycle: RequestResponseCycle) -> None:
+        """What the app's task may use of the server: it may write its stream's chunks
+        past `send` (`edge.writer`), learn of a disconnect without a task waiting in
+        `receive` (`edge.disconnect`) and read a body that is in without a timer
+        (`edge.body`). A request the callback path serves needs none of it."""
+        self._watch = CycleDisconnectWatch(cycle)
+        extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
+        extensions[CHUNK_WRITER] = CycleChunkWriter(cycle)
+        extensions[DISCONNECT_WATCH] = self._watch
+        extensions[BODY_COMPLETE] = CycleBodyComplete(cycle)
+
+    def _start_app(self, cycle: RequestResponseCycle) -> None:
+        """Start the app's task for a request the callback path was offered."""
+        self._extend(cycle)
+        super()._start_asgi_task(cycle, self._app)
 
     def _over_concurrency(self) -> bool:
         limit = self.limit_concurrency

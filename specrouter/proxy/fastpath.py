@@ -71,15 +71,18 @@ class ClientSide(Protocol):
     send: Send  # the server's ASGI `send` and `receive` for this request
     receive: Receive
 
-    def start_response(self, status: int, headers: RawHeaders, chunked: bool) -> None:
-        """Write the response head as the server's `send` would (its own headers too)."""
+    def respond(self, status: int, headers: RawHeaders, chunked: bool, body: bytes = b"",
+                end: bool = False) -> None:
+        """Write the response head as the server's `send` would (its own headers too) and,
+        in the same write, `body` (a chunk of a chunked response, else the whole body);
+        with `end` the response is complete."""
 
     def write_chunk(self, data: bytes) -> bool:
         """Write one chunk of the chunked response; always True (for `StreamRelay`)."""
 
     def end_response(self, last: bytes) -> None:
-        """Write the body's last bytes and end the response; the connection then serves
-        its next request, or closes."""
+        """Write the last chunk of the chunked response (if any) and end it; the
+        connection then serves its next request, or closes."""
 
     def fall_back(self, resume: Resume | None) -> None:
         """Serve the request on the coroutine path (the ASGI app), from `resume`."""
@@ -240,16 +243,24 @@ class FastExchange:
         except Exception as exc:
             self._crash(exc)
 
-    def on_end(self) -> None:
+    def on_end(self, last: bytes) -> None:
         try:
             stage = self.stage
-            if stage is _Stage.FIRST and self.first:
-                self._first_event()
-                stage = self.stage
-            if stage is _Stage.RELAY or stage is _Stage.FIRST:
-                self._end_stream(None)
+            if stage is _Stage.RELAY:
+                relay = self.cycle.relay
+                if relay is not None and relay.holding and last:
+                    self._relay(last)  # a handover may still take the stream
+                    last = b""
+                if self.stage is _Stage.RELAY:
+                    self._end_stream(None, last)
+            elif stage is _Stage.FIRST:
+                self.first += last
+                if not (self.first and self._retried_first()):
+                    self._end_stream(None, b"")
             elif stage is _Stage.BUFFER:
-                self._end_buffered()
+                self._buffer(last)
+                if self.stage is _Stage.BUFFER:
+                    self._end_buffered()
         except Exception as exc:
             self._crash(exc)
 
@@ -259,7 +270,8 @@ class FastExchange:
             if stage is _Stage.HEAD:
                 self._head_failed(error)
             elif stage is _Stage.RELAY or stage is _Stage.FIRST:
-                self._end_stream(error)
+                self.first = b""  # a first event cut short is not relayed
+                self._end_stream(error, b"")
             elif stage is _Stage.BUFFER:
                 self._buffer_failed(error)
         except Exception as exc:
@@ -345,28 +357,49 @@ class FastExchange:
             self._fail(502, f"backend {name} failed: {error}")
 
     def _first_event(self) -> None:
-        cycle, first = self.cycle, self.first
+        """The first event is whole: the client's head leaves with it, in one write."""
+        if self._retried_first():
+            return
+        relay = self._new_relay()
+        self._respond(self._for_client(relay, self.first))
         self.first = b""
-        cycle.first_at = time.monotonic()
+
+    def _retried_first(self) -> bool:
+        """Whether the stream's first event (`first`) sent the request elsewhere: an
+        error event with a retryable status, while a retry is possible."""
+        self.cycle.first_at = time.monotonic()
         if self._may_retry():
             try:
-                cycle.check_first_event(first, self.attempt)
+                self.cycle.check_first_event(self.first, self.attempt)
             except Retry as retry:
                 self._retry(retry)
-                return
-        self._send_part(self._start_stream(), first)
+                return True
+        return False
 
-    def _start_stream(self) -> StreamRelay:
+    def _new_relay(self) -> StreamRelay:
         cycle, target = self.cycle, self.target
         handover = cycle.may_hand_over(target)
+        self.stage = _Stage.RELAY
         relay = cycle.relay = StreamRelay(
             self.client.write_chunk, cycle.proxy.handover_record_bytes if handover else 0,
             without_usage=cycle.usage_asked)
-        self.client.start_response(self.status or 200, response_headers(
-            self.upstream_headers, target, cycle.head.request_id), True)
-        self.ttft = time.perf_counter() - self.started_at
-        self.stage = _Stage.RELAY
         return relay
+
+    def _respond(self, body: bytes, end: bool = False) -> None:
+        """The stream's head, with its first bytes for the client (and, with `end`, all)."""
+        cycle = self.cycle
+        self.client.respond(self.status or 200, response_headers(
+            self.upstream_headers, self.target, cycle.head.request_id), True, body, end)
+        self.ttft = time.perf_counter() - self.started_at
+
+    @staticmethod
+    def _for_client(relay: StreamRelay, data: bytes) -> bytes:
+        """What the client gets now of the stream's next bytes `data`, which are sent."""
+        if not data:
+            return b""
+        out = relay.for_client(data)
+        relay.sent(data)
+        return out
 
     def _relay(self, data: bytes) -> None:
         relay = self.cycle.relay
@@ -375,11 +408,7 @@ class FastExchange:
             self._hand_over_at(relay, data)
 
     def _send_part(self, relay: StreamRelay, data: bytes) -> None:
-        if data:
-            out = relay.for_client(data)
-            if out:
-                self.client.write_chunk(out)
-            relay.sent(data)
+        self.client.write_chunk(self._for_client(relay, data))
 
     def _hand_over_at(self, relay: StreamRelay, chunk: bytes) -> None:
         """The coroutine path's `_hand_over_at`, on callbacks: once the client's bytes
@@ -412,13 +441,22 @@ class FastExchange:
             self.client.abort()
         self._done(499 if self.cycle.client_gone else self.status)
 
-    def _end_stream(self, failure: UpstreamError | None) -> None:
+    def _end_stream(self, failure: UpstreamError | None, last: bytes) -> None:
+        """End the client's stream after its `last` bytes (and, if it has not started,
+        the first ones): with an error event if it broke. One write."""
         cycle = self.cycle
         relay = cycle.relay
-        if relay is None:  # the stream ended, or broke, before its first byte
-            relay = self._start_stream()
+        started = relay is not None
+        if relay is None:  # the stream ends, or broke, before its first event was relayed
+            relay = self._new_relay()
+            last, self.first = self.first, b""
+        out = self._for_client(relay, last)
         error, trailer = cycle.stream_outcome(self.attempt, relay, failure)
-        self.client.end_response(relay.rest_for_client() + trailer)
+        end = out + relay.rest_for_client() + trailer
+        if started:
+            self.client.end_response(end)
+        else:
+            self._respond(end, end=True)
         self._complete(error)
 
     def _buffer(self, data: bytes) -> None:
@@ -437,9 +475,9 @@ class FastExchange:
         cycle.finished = True
         cycle.answer = body
         self.attempt.settled = True
-        self.client.start_response(self.status, response_headers(
-            self.upstream_headers, target, cycle.head.request_id, len(body)), False)
-        self.client.end_response(body)
+        self.client.respond(self.status, response_headers(
+            self.upstream_headers, target, cycle.head.request_id, len(body)), False, body,
+            True)
         self._complete(None)
 
     def _buffer_failed(self, error: UpstreamError) -> None:
@@ -476,8 +514,7 @@ class FastExchange:
         self.status = status
         headers = [*JSON_HEADERS, (b"content-length", str(len(body)).encode()),
                    *target_headers(self.target, cycle.head.request_id)]
-        self.client.start_response(status, headers, False)
-        self.client.end_response(body)
+        self.client.respond(status, headers, False, body, True)
         self._leave_upstream()
         self._done(status)
 
@@ -538,9 +575,9 @@ class FastExchange:
         if self.stage in (_Stage.HEAD, _Stage.FIRST, _Stage.BUFFER):
             self.status = 500
             body = openai_error_body(500, "internal router error")
-            self.client.start_response(500, [*JSON_HEADERS, (b"content-length",
-                                                             str(len(body)).encode())], False)
-            self.client.end_response(body)
+            self.client.respond(500, [*JSON_HEADERS, (b"content-length",
+                                                      str(len(body)).encode())], False, body,
+                                True)
         else:
             self.client.abort()  # a stream cut mid-way, as a server cuts a failed app's
         self._leave_upstream()

@@ -70,13 +70,16 @@ class ExchangeListener(Protocol):
     """Who follows an exchange started on callbacks (`CallbackUpstream.start`). Each
     method is called at most once per exchange except `on_data`; after `on_end` or
     `on_error` nothing more is called. `on_head` runs inside the response parser, before
-    any body byte; `on_data` gets each read's body bytes together."""
+    any body byte; `on_data` gets each read's body bytes together, except the last
+    read's, which come with `on_end`."""
 
     def on_head(self, status: int, headers: RawHeaders) -> None: ...
 
     def on_data(self, data: bytes) -> None: ...
 
-    def on_end(self) -> None: ...
+    def on_end(self, last: bytes) -> None:
+        """The answer ended; `last` are its final body bytes not yet given to `on_data`
+        (so a consumer can send them with the end, in one write)."""
 
     def on_error(self, error: UpstreamError) -> None: ...
 

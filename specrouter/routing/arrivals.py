@@ -20,6 +20,7 @@ not answered when the group switches).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,14 +31,15 @@ GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/gener
 
 @dataclass(frozen=True, slots=True)
 class Arrival:
-    """A request that arrived (`at`, event-loop time, the `seen`-th ever) and waits."""
+    """A request that arrived (`at`, monotonic time, the `seen`-th ever) and waits."""
 
     at: float
     seen: int
 
 
 class ArrivalWindow:
-    """Counts arrivals on one event loop; `pending` are requests still waiting."""
+    """Counts arrivals on one event loop, in `time.monotonic` seconds; `pending` are
+    requests still waiting."""
 
     def __init__(self, window_s: float, max_wait_s: float, memory_s: float = 60.0) -> None:
         self.window_s = window_s
@@ -45,7 +47,7 @@ class ArrivalWindow:
         self.memory_s = memory_s
         self.pending = 0
         self._arrivals = 0  # generation requests seen, ever
-        self._last_arrival = float("-inf")  # event-loop time of the latest one
+        self._last_arrival = float("-inf")  # when the latest one arrived
         self._recent: deque[float] = deque()  # arrival times of the last max_wait_s
         self._peak = 0  # most arrivals within one max_wait_s span, this memory period
         self._peak_before = 0  # the same, the period before (0 in the first period)
@@ -77,7 +79,7 @@ class ArrivalWindow:
     def arrive(self, worth_waiting: Callable[[], bool]) -> Arrival | None:
         """Record an arrival; when `worth_waiting()`, the arrival to `wait` for a quiet
         window from (None: no wait)."""
-        arrived = asyncio.get_running_loop().time()
+        arrived = time.monotonic()
         self._record(arrived)
         return Arrival(arrived, self._arrivals) if worth_waiting() else None
 
@@ -90,13 +92,12 @@ class ArrivalWindow:
         """Wait for a quiet window after `arrival`. Returns how many more requests of a
         burst still arriving at the cap the decision should expect (0 when the burst
         ended within the wait)."""
-        loop = asyncio.get_running_loop()
         self.pending += 1
         try:
             cap = arrival.at + self.max_wait_s
             while True:
                 quiet_at = self._last_arrival + self.window_s
-                now = loop.time()
+                now = time.monotonic()
                 if now >= min(quiet_at, cap):
                     return self._arrivals - arrival.seen if quiet_at > cap else 0
                 await asyncio.sleep(min(quiet_at, cap) - now)

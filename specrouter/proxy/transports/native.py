@@ -106,10 +106,12 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         self._feeding = False
-        self._pass_diverted()
         if self._complete and self._listener is not None:
-            self._leave_listener().on_end()  # after the read's last bytes
-        elif in_head and self._in_head:
+            last, self._diverting = self._diverting, []  # they go with the end
+            self._leave_listener().on_end(last[0] if len(last) == 1 else b"".join(last))
+            return
+        self._pass_diverted()
+        if in_head and self._in_head:
             # A head still incomplete after this many bytes is refused without waiting for
             # its end: what httptools buffers stays bounded (the limit plus one read).
             self._head_bytes += len(data)
@@ -338,7 +340,7 @@ class Connection(asyncio.Protocol):
         self._cancel_timer()
         self._wake()
         if self._listener is not None and not self._feeding:
-            self._leave_listener().on_end()
+            self._leave_listener().on_end(b"")
 
     def _fail(self, error: UpstreamError) -> None:
         if self._complete or self._error is not None:
