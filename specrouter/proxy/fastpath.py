@@ -181,7 +181,7 @@ class FastPath:
         try:
             exchange = FastExchange(self, client, cycle, attempt, upstream)
             started = upstream.start(cycle.method, cycle.path, attempt.headers, attempt.body,
-                                     exchange)
+                                     exchange, stream=cycle.info.stream)
         except BaseException:
             bodies.give_back(size)
             raise

@@ -354,3 +354,17 @@ def test_while_draining_the_app_answers_503() -> None:
             assert r.status_code == 503 and h.taken == [False]
 
     run(scenario)
+
+
+def test_a_non_stream_answer_may_take_longer_than_a_streams_first_byte() -> None:
+    async def slow(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+        await asyncio.sleep(0.5)
+        await json_reply(200, {"ok": True})(writer, body)
+
+    async def scenario() -> None:
+        async with harness([slow], timeouts={"first_byte": 0.2, "total": 5}) as h:
+            r = await h.post({**STREAM_CHAT, "stream": False})
+            assert r.status_code == 200 and r.json() == {"ok": True}
+            assert h.taken == [True]
+
+    run(scenario)

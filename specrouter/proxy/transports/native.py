@@ -59,6 +59,7 @@ class Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._drained: asyncio.Future[None] | None = None  # set while writing is paused
         self._feeding = False  # inside the parser: a listener's end waits for the read's data
+        self._held = False  # reading paused by the listener's consumer (`pause_reading`)
         self._reset()
 
     def _reset(self) -> None:
@@ -276,12 +277,15 @@ class Connection(asyncio.Protocol):
         return listener
 
     def pause_reading(self) -> None:
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self._held:
+            self._held = True
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.transport is not None and not self.closed and not self._paused:
-            self.transport.resume_reading()
+        if self._held:
+            self._held = False
+            if self.transport is not None and not self.closed and not self._paused:
+                self.transport.resume_reading()
 
     def detach(self) -> None:
         self._listener = self._divert = None
@@ -328,7 +332,9 @@ class Connection(asyncio.Protocol):
         """Forget the finished exchange before the connection waits in the pool: an idle
         connection holds nothing of its last caller (the writer it diverted to keeps a
         stream's handover record, up to `handover_max_tokens` x 64 bytes), however long
-        it waits for the next request."""
+        it waits for the next request; one its last consumer stopped reading (the answer
+        ended as the client's buffer filled) reads again."""
+        self.resume_reading()
         self._reset()
 
     def close(self) -> None:
@@ -548,14 +554,15 @@ class NativeUpstream:
         return b"".join(parts)
 
     def start(self, method: str, path: str, headers: RawHeaders, body: RequestBody,
-              listener: ExchangeListener) -> Connection | None:
+              listener: ExchangeListener, *, stream: bool) -> Connection | None:
         if len(body) > _WRITE_SLICE or method == "HEAD":
             return None
         conn = self._connections.take_idle()
         if conn is None:
             return None
-        conn.start(self._request_head(method, path, headers, body) + body, self._stream_timeout,
-                   self._connections.max_duration, listener)
+        timeout = self._stream_timeout if stream else self._total_timeout
+        conn.start(self._request_head(method, path, headers, body) + body, timeout,
+                   self._connections.max_duration if stream else None, listener)
         return conn
 
     def finish(self, exchange: Exchange) -> None:

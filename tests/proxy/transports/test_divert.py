@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import weakref
 from collections.abc import AsyncIterator
+from typing import Any
 
 from specrouter.backends import Backend
 from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
@@ -206,3 +207,58 @@ def test_a_pooled_connection_keeps_nothing_of_its_last_exchange() -> None:
             await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+class _Pausing:
+    """An exchange listener that stops reading as the answer ends, as the callback path
+    does when writing the last bytes fills the client's buffer."""
+
+    def __init__(self) -> None:
+        self.conn: Any = None
+        self.data: list[bytes] = []
+        self.ended = asyncio.Event()
+
+    def on_head(self, status: int, headers: Any) -> None:
+        pass
+
+    def on_data(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def on_end(self, last: bytes) -> None:
+        self.data.append(last)
+        self.conn.pause_reading()
+        self.ended.set()
+
+    def on_error(self, error: Exception) -> None:
+        raise AssertionError(error)
+
+
+def test_a_connection_whose_reading_was_paused_reads_again_once_back_in_the_pool() -> None:
+    """An answer whose end made its consumer stop reading leaves the connection paused;
+    the pool must not hand out a connection that reads nothing."""
+    async def scenario() -> None:
+        keep_alive = KeepAliveServer()
+        server = await asyncio.start_server(keep_alive.serve, "127.0.0.1", 0)
+        upstream = _upstream(NativeUpstream, server.sockets[0].getsockname()[1])
+        assert isinstance(upstream, NativeUpstream)
+        try:
+            warm = await upstream.open("POST", "/v1/chat/completions", [], b"{}", stream=True)
+            keep_alive.go.set()
+            assert [c async for c in warm.iter_raw()] == [b"a"]
+            await warm.aclose()
+            for _ in range(2):
+                listener = _Pausing()
+                listener.conn = upstream.start("POST", "/v1/chat/completions", [], b"{}",
+                                               listener, stream=True)
+                assert listener.conn is not None  # the idle connection took it
+                keep_alive.go.set()  # the chunk and the end, in one write
+                await listener.ended.wait()
+                assert b"".join(listener.data) == b"a"
+                upstream.finish(listener.conn)
+            assert keep_alive.connections == 1
+        finally:
+            await upstream.aclose()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
