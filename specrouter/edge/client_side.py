@@ -72,8 +72,9 @@ class CycleClient:
             self._complete()
 
     def write_chunk(self, data: bytes) -> bool:
-        if data:
-            self._write(b"%x\r\n%b\r\n" % (len(data), data))
+        cycle = self._cycle
+        if data and not cycle.disconnected and not cycle.transport.is_closing():
+            cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
 
     def end_response(self, last: bytes) -> None:

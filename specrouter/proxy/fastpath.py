@@ -229,12 +229,16 @@ class FastExchange:
         except Exception as exc:  # a bug must not leave the request hanging
             self._crash(exc)
 
-    def on_data(self, data: bytes) -> None:
+    def on_data(self, data: bytes) -> bool:
+        """Returns True: the bytes are taken (a transport may call it as its writer)."""
         try:
+            if self.stage is _Stage.RELAY:
+                relay = self.cycle.relay
+                if relay is not None and not relay.write(data):
+                    self._hand_over_at(relay, data)  # held: the group switched
+                return True
             stage = self.stage
-            if stage is _Stage.RELAY:
-                self._relay(data)
-            elif stage is _Stage.FIRST:
+            if stage is _Stage.FIRST:
                 self.first += data
                 if first_event_complete(self.first):
                     self._first_event()
@@ -242,6 +246,7 @@ class FastExchange:
                 self._buffer(data)
         except Exception as exc:
             self._crash(exc)
+        return True
 
     def on_end(self, last: bytes) -> None:
         try:
@@ -249,7 +254,7 @@ class FastExchange:
             if stage is _Stage.RELAY:
                 relay = self.cycle.relay
                 if relay is not None and relay.holding and last:
-                    self._relay(last)  # a handover may still take the stream
+                    self.on_data(last)  # a handover may still take the stream
                     last = b""
                 if self.stage is _Stage.RELAY:
                     self._end_stream(None, last)
@@ -400,12 +405,6 @@ class FastExchange:
         out = relay.for_client(data)
         relay.sent(data)
         return out
-
-    def _relay(self, data: bytes) -> None:
-        relay = self.cycle.relay
-        assert relay is not None
-        if not relay.write(data):  # held: the group switched, a handover may follow
-            self._hand_over_at(relay, data)
 
     def _send_part(self, relay: StreamRelay, data: bytes) -> None:
         self.client.write_chunk(self._for_client(relay, data))

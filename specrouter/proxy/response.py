@@ -150,7 +150,9 @@ class StreamRelay:
         self._held: bytes | None = b"" if without_usage else None
 
     def sent(self, chunk: bytes) -> None:
-        self.tail = keep_tail(self.tail, chunk)
+        # keep_tail, inline: once per chunk of every stream
+        self.tail = (chunk[-STREAM_TAIL:] if len(chunk) >= STREAM_TAIL
+                     else (self.tail + chunk)[-STREAM_TAIL:])
         if self.record is not None:
             self._room -= len(chunk)
             if self._room >= 0:

@@ -75,7 +75,8 @@ class ExchangeListener(Protocol):
 
     def on_head(self, status: int, headers: RawHeaders) -> None: ...
 
-    def on_data(self, data: bytes) -> None: ...
+    def on_data(self, data: bytes) -> bool:
+        """Take the bytes; True (a `ChunkWriter` that never refuses)."""
 
     def on_end(self, last: bytes) -> None:
         """The answer ended; `last` are its final body bytes not yet given to `on_data`

@@ -178,7 +178,7 @@ class Connection(asyncio.Protocol):
         if self.status in (204, 304) or 100 <= self.status < 200:
             self._close_delimited = False
         if self._listener is not None:
-            self._divert = self._to_listener
+            self._divert = self._listener.on_data
             self._listener.on_head(status, self.headers)
         elif self._head is not None and not self._head.done():
             self._head.set_result(None)
@@ -264,11 +264,6 @@ class Connection(asyncio.Protocol):
         if max_duration is not None:
             self._deadline = now + max_duration
         self._timer = self._loop.call_later(min(timeout, self._deadline - now), self._check_idle)
-
-    def _to_listener(self, data: bytes) -> bool:
-        if self._listener is not None:
-            self._listener.on_data(data)
-        return True
 
     def _leave_listener(self) -> ExchangeListener:
         listener = self._listener
