@@ -39,6 +39,7 @@ from specrouter.proxy.handover import boundary
 from specrouter.proxy.request import RouteKind, parse_head, request_info
 from specrouter.proxy.response import (
     StreamRelay,
+    declared_over_limit,
     ended_with_done,
     is_event_stream,
     response_headers,
@@ -339,11 +340,9 @@ class FastExchange:
             self.stage = _Stage.FIRST
             return
         self.stage = _Stage.BUFFER
-        declared = _content_length(headers)
-        if declared is not None and declared > proxy.max_response_body:
-            self._buffer_failed(UpstreamOverLimit(
-                f"response body of {declared} bytes exceeds the router's "
-                f"{proxy.max_response_body} byte limit"))
+        over = declared_over_limit(headers, proxy.max_response_body)
+        if over is not None:
+            self._buffer_failed(over)
 
     def _head_failed(self, error: UpstreamError) -> None:
         cycle, target = self.cycle, self.target
@@ -582,12 +581,3 @@ class FastExchange:
         self._leave_upstream()
         self._done(500)
 
-
-def _content_length(headers: RawHeaders) -> int | None:
-    for key, value in headers:
-        if key.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None

@@ -81,10 +81,9 @@ async def read_whole(response: UpstreamResponse, limit: int) -> bytes:
     """A buffered answer's whole body; UpstreamOverLimit as soon as it passes `limit`
     bytes (from its Content-Length before reading, else while reading), so an endless
     or huge body costs at most `limit` bytes."""
-    declared = _content_length(response.headers)
-    if declared is not None and declared > limit:
-        raise UpstreamOverLimit(f"response body of {declared} bytes exceeds the router's "
-                                f"{limit} byte limit")
+    over = declared_over_limit(response.headers, limit)
+    if over is not None:
+        raise over
     chunks: list[bytes] = []
     size = 0
     async for chunk in response.iter_raw():
@@ -93,6 +92,15 @@ async def read_whole(response: UpstreamResponse, limit: int) -> bytes:
             raise UpstreamOverLimit(f"response body exceeds the router's {limit} byte limit")
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def declared_over_limit(headers: RawHeaders, limit: int) -> UpstreamOverLimit | None:
+    """The error for an answer whose Content-Length says it passes `limit` bytes."""
+    declared = _content_length(headers)
+    if declared is None or declared <= limit:
+        return None
+    return UpstreamOverLimit(f"response body of {declared} bytes exceeds the router's "
+                             f"{limit} byte limit")
 
 
 def _content_length(headers: RawHeaders) -> int | None:

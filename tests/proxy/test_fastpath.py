@@ -24,6 +24,7 @@ from specrouter.routing.arrivals import Arrival
 from specrouter.routing.router import HandoverBudget
 from tests.edge.serving import guarded_server
 from tests.fixtures.fake_router import ListRouter
+from tests.fixtures.http_server import read_request
 from tests.proxy.test_handover import _contents, _event
 
 DONE = b"data: [DONE]\n\n"
@@ -89,9 +90,8 @@ class ScriptedBackend:
         self.connections += 1
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                body = json.loads(await reader.readexactly(length) or b"{}")
+                head, raw = await read_request(reader)
+                body = json.loads(raw or b"{}")
                 if head.startswith(b"POST /abort_request"):
                     self.aborts.append(body["rid"])
                     self.aborted.set()

@@ -18,6 +18,7 @@ from specrouter.config import LimitSettings, TimeoutSettings, UpstreamSettings
 from specrouter.proxy.transports.httpx import HttpxUpstream
 from specrouter.proxy.transports.native import NativeUpstream
 from specrouter.proxy.upstream import Upstream, UpstreamResponse
+from tests.fixtures.http_server import read_request
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -172,9 +173,7 @@ class KeepAliveServer:
         self.connections += 1
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                await reader.readexactly(length)
+                await read_request(reader)
                 writer.write(HEAD)
                 await self.go.wait()
                 self.go.clear()
