@@ -78,7 +78,7 @@ def build_product(
                      settings.admin_max_body_bytes)
     extra: list[BaseRoute] = [*admin.routes(), metrics_route(metrics)]
     app = create_app(settings, router, upstreams, extra_routes=extra,
-                     observe_request=metrics.observe_request)
+                     metrics=metrics)
     return Product(MetricsMiddleware(app, metrics), app, router, metrics, holder, state)
 
 

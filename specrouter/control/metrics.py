@@ -197,6 +197,10 @@ class RouterMetrics:
         self.affinity = Counter(f"{PREFIX}_affinity", "Requests with a prompt prefix or "
                                 "session key, by whether they went to a backend believed to "
                                 "hold part of it (hit) or not (miss)", ["result"], registry=r)
+        self.callback_fallbacks = Counter(
+            f"{PREFIX}_callback_fallbacks", "Generation requests the callback path was offered "
+            "and handed to the ASGI app, by reason (docs/router.md, The callback path)",
+            ["reason"], registry=r)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
                               "Time to the first streamed byte of a response, per pool",
                               ["pool"], buckets=LATENCY_BUCKETS, registry=r)
@@ -243,6 +247,9 @@ class RouterMetrics:
 
     def observe_affinity(self, hit: bool) -> None:
         self._child(self.affinity, "hit" if hit else "miss").inc()
+
+    def observe_fallback(self, reason: str) -> None:
+        self._child(self.callback_fallbacks, reason).inc()
 
     def observe_request(self, pool: str, backend: str, status: int,
                         ttft_s: float | None, e2e_s: float) -> None:

@@ -23,7 +23,7 @@ from specrouter.config import Settings
 from specrouter.edge.lifecycle import DRAIN_OPEN, Lifecycle, lifecycle_routes
 from specrouter.edge.models import ModelsRoute
 from specrouter.errors import openai_error_body
-from specrouter.proxy.fastpath import FastPath, ObserveRequest
+from specrouter.proxy.fastpath import CallbackMetrics, FastPath
 from specrouter.proxy.forward import Proxy
 from specrouter.proxy.request import RouteKind
 from specrouter.proxy.response import send_json
@@ -126,12 +126,12 @@ def create_app(
     router: Router,
     upstreams: Mapping[str, Upstream] | None = None,
     extra_routes: Sequence[BaseRoute] = (),
-    observe_request: ObserveRequest | None = None,
+    metrics: CallbackMetrics | None = None,
 ) -> SpecRouterApp:
     """The ASGI app. Without `upstreams` it opens (and at shutdown closes) one client per
     backend; `extra_routes` (admin, metrics) are matched before the `/v1/*` catch-all.
-    `observe_request` counts the requests the callback path serves (the metrics
-    middleware sees the others)."""
+    `metrics` counts the requests the callback path serves (the metrics middleware sees
+    the others) and those it hands to the app."""
     owned = upstreams is None
     upstreams = upstreams if upstreams is not None else create_upstreams(
         router.backends, settings.timeouts, settings.upstream, settings.limits
@@ -166,13 +166,13 @@ def create_app(
         lifespan=lifespan,
     )
     return SpecRouterApp(app, proxy, lifecycle,
-                         _fast_path(settings, proxy, lifecycle, observe_request))
+                         _fast_path(settings, proxy, lifecycle, metrics))
 
 
 def _fast_path(settings: Settings, proxy: Proxy, lifecycle: Lifecycle,
-               observe_request: ObserveRequest | None) -> FastPath | None:
+               metrics: CallbackMetrics | None) -> FastPath | None:
     """The callback path, where it is on and every backend's transport runs one."""
     if not settings.listen.callback_path:
         return None
-    fast = FastPath(proxy, lambda: lifecycle.draining, lifecycle.count, observe_request)
+    fast = FastPath(proxy, lambda: lifecycle.draining, lifecycle.count, metrics)
     return fast if len(fast.upstreams) == len(proxy.upstreams) else None

@@ -59,9 +59,32 @@ from specrouter.routing.router import NoBackendAvailable, Target
 
 log = logging.getLogger("specrouter.proxy")
 
-#: What the callback path reports of each request it served, as `RouterMetrics`
-#: observes it: pool, backend, status, time to the first body byte of a stream, total.
-ObserveRequest = Callable[[str, str, int, float | None, float], None]
+
+
+class CallbackMetrics(Protocol):
+    """What the callback path reports (`RouterMetrics` is one)."""
+
+    def observe_request(self, pool: str, backend: str, status: int, ttft_s: float | None,
+                        e2e_s: float) -> None:
+        """A request it served: pool, backend, status, time to the first body byte of a
+        stream, total."""
+
+    def observe_fallback(self, reason: str) -> None:
+        """A request it handed to the app (`Fallback`)."""
+
+
+class Fallback(enum.Enum):
+    """Why a request goes on on the coroutine path (the `reason` label)."""
+
+    APP = "app"  # draining, a body over the limit or not JSON: the app answers
+    ARRIVAL_WINDOW = "arrival_window"
+    NO_BACKEND = "no_backend"  # the router's choice failed: the app answers
+    NOT_STARTED = "not_started"  # no idle connection, a large body, the body budget
+    STALE_CONNECTION = "stale_connection"
+    RETRY = "retry"
+    RECALL = "recall"
+    HANDOVER = "handover"  # after the first byte: the continuation's task
+    ERROR = "error"  # a bug on the callback path before the exchange started
 
 
 class ClientSide(Protocol):
@@ -109,11 +132,11 @@ class FastPath:
 
     def __init__(self, proxy: Proxy, is_draining: Callable[[], bool],
                  count_active: Callable[[int], None],
-                 observe: ObserveRequest | None = None) -> None:
+                 metrics: CallbackMetrics | None = None) -> None:
         self.proxy = proxy
         self.is_draining = is_draining
         self.count_active = count_active
-        self.observe = observe
+        self.metrics = metrics
         self.upstreams = {name: upstream for name, upstream in proxy.upstreams.items()
                           if isinstance(upstream, CallbackUpstream)}
 
@@ -126,32 +149,38 @@ class FastPath:
             return self._take(client)
         except Exception:
             log.exception("unhandled error on the callback path: the app serves the request")
-            client.fall_back(None)
+            self.fall_back(client, None, Fallback.ERROR)
             return None
+
+    def fall_back(self, client: ClientSide, resume: Resume | None, reason: Fallback) -> None:
+        """Hand the request to the app, from `resume`, and count why."""
+        if self.metrics is not None:
+            self.metrics.observe_fallback(reason.value)
+        client.fall_back(resume)
 
     def _take(self, client: ClientSide) -> FastExchange | None:
         proxy = self.proxy
         body = client.body
         if self.is_draining() or len(body) > proxy.max_body:
-            client.fall_back(None)  # the app answers both
+            self.fall_back(client, None, Fallback.APP)  # the app answers both
             return None
         scope = client.scope
         try:
             head = parse_head(scope)
             info = request_info(RouteKind.GENERATE, scope["path"], body, head, proxy.affinity)
         except RouterError:
-            client.fall_back(None)
+            self.fall_back(client, None, Fallback.APP)
             return None
         cycle = RequestCycle(proxy, scope, client.send, head, body, info, generation=True)
         router = proxy.router
         arrival = router.arrive(info)
         if arrival is not None:
-            client.fall_back(Resume(arrival=arrival))
+            self.fall_back(client, Resume(arrival=arrival), Fallback.ARRIVAL_WINDOW)
             return None
         try:
             target = router.choose(info)
         except (NoBackendAvailable, RouterError):
-            client.fall_back(Resume())  # the app chooses again and answers
+            self.fall_back(client, Resume(), Fallback.NO_BACKEND)  # the app answers
             return None
         if target.probe is not None:
             cycle.send_probe(target.probe)
@@ -159,7 +188,7 @@ class FastPath:
         attempt = cycle.prepare(target)
         exchange = None if upstream is None else self._start(client, cycle, attempt, upstream)
         if exchange is None:
-            client.fall_back(Resume(target=target))
+            self.fall_back(client, Resume(target=target), Fallback.NOT_STARTED)
             return None
         self.count_active(1)
         try:
@@ -316,7 +345,7 @@ class FastExchange:
                 log.info("request %s: recalled from %s before its first byte",
                          cycle.head.request_id.decode(), self.target.backend.name)
                 self._leave_upstream()
-                self._fall_back(Resume(recalled=True))
+                self._fall_back(Resume(recalled=True), Fallback.RECALL)
             elif (self.stage is _Stage.RELAY and self.cycle.relay is not None
                   and self.cycle.may_hand_over(self.target)):
                 self.cycle.relay.hold()
@@ -352,7 +381,7 @@ class FastExchange:
             # never reached it. The coroutine path tries the target on a fresh one.
             self.attempt.settled = True
             self._leave_upstream()
-            self._fall_back(Resume(target=target))
+            self._fall_back(Resume(target=target), Fallback.STALE_CONNECTION)
             return
         cycle.router.record_outcome(name, False, str(error))
         if isinstance(error, UpstreamTimeout):
@@ -428,6 +457,8 @@ class FastExchange:
         self._leave_upstream()
         cycle.hand_over(handed, target)
         self.stage = _Stage.HANDED
+        if self.fast.metrics is not None:
+            self.fast.metrics.observe_fallback(Fallback.HANDOVER.value)
         self.task = asyncio.get_running_loop().create_task(
             cycle.run(self.client.receive, Resume()))
         self.task.add_done_callback(self._handed_done)
@@ -501,7 +532,8 @@ class FastExchange:
                  retry.message)
         self._leave_upstream()
         self._fall_back(Resume(tried=tried, failed=retry,
-                               exclude=cycle.retry_exclude(tried, target, retry.unreachable)))
+                               exclude=cycle.retry_exclude(tried, target, retry.unreachable)),
+                        Fallback.RETRY)
 
     def _fail(self, status: int, message: str) -> None:
         """Answer an error of our own: the backend failed before the client's head."""
@@ -541,10 +573,10 @@ class FastExchange:
             self.target.recall.discard(self.recalled)
         self.cycle.leave(self.attempt)
 
-    def _fall_back(self, resume: Resume) -> None:
+    def _fall_back(self, resume: Resume, reason: Fallback) -> None:
         self.stage = _Stage.DONE
         self._release_request()
-        self.client.fall_back(resume)
+        self.fast.fall_back(self.client, resume, reason)
 
     def _done(self, status: int | None) -> None:
         """The request is over on this path (`status`: what the metrics count, None for
@@ -553,11 +585,11 @@ class FastExchange:
             return
         self.stage = _Stage.DONE
         self._release_request()
-        observe = self.fast.observe
-        if observe is not None and status is not None:
+        metrics = self.fast.metrics
+        if metrics is not None and status is not None:
             target = self.target
-            observe(target.pool, target.backend.name, status, self.ttft,
-                    time.perf_counter() - self.started_at)
+            metrics.observe_request(target.pool, target.backend.name, status, self.ttft,
+                                    time.perf_counter() - self.started_at)
 
     def _release_request(self) -> None:
         self.fast.proxy.bodies.give_back(len(self.client.body))

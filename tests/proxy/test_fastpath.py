@@ -18,8 +18,9 @@ import pytest
 
 from specrouter.backends import Backend
 from specrouter.config import load_settings
+from specrouter.control.metrics import RouterMetrics
 from specrouter.edge import SpecRouterApp, create_app
-from specrouter.proxy.fastpath import FastExchange, FastPath
+from specrouter.proxy.fastpath import CallbackMetrics, FastExchange, FastPath
 from specrouter.routing.arrivals import Arrival
 from specrouter.routing.router import HandoverBudget
 from tests.edge.serving import guarded_server
@@ -105,6 +106,21 @@ class ScriptedBackend:
 
 
 @dataclass
+class Counted:
+    """The callback path's metrics: the requests it served (status) and handed on."""
+
+    served: list[int] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+
+    def observe_request(self, pool: str, backend: str, status: int, ttft_s: float | None,
+                        e2e_s: float) -> None:
+        self.served.append(status)
+
+    def observe_fallback(self, reason: str) -> None:
+        self.fallbacks.append(reason)
+
+
+@dataclass
 class Harness:
     app: SpecRouterApp
     router: ListRouter
@@ -112,6 +128,7 @@ class Harness:
     b0: ScriptedBackend
     client: httpx.AsyncClient
     taken: list[bool]  # per request offered to the callback path: whether it kept it
+    counted: Counted
 
     async def post(self, body: dict[str, Any] | None = None) -> httpx.Response:
         return await self.client.post("/v1/chat/completions", json=body or STREAM_CHAT)
@@ -125,7 +142,8 @@ class Harness:
 
 @contextlib.asynccontextmanager
 async def harness(e0: list[Reply], b0: list[Reply] | None = None, callback_path: bool = True,
-                  armed_recall: bool = False, **settings: Any) -> AsyncIterator[Harness]:
+                  armed_recall: bool = False, metrics: CallbackMetrics | None = None,
+                  **settings: Any) -> AsyncIterator[Harness]:
     """The app (`callback_path` on or off) in front of two scripted backends (e0, then
     b0 when e0 is excluded or recalled), served by uvicorn with the router's protocol.
     One stream per backend straight through its upstream leaves an idle keep-alive
@@ -142,7 +160,8 @@ async def harness(e0: list[Reply], b0: list[Reply] | None = None, callback_path:
         "backends": [{"name": b.name, "url": b.url, "pool": b.pool, "group": b.group}
                      for b in listed],
         "listen": {"callback_path": callback_path}, **settings})
-    app = create_app(config, router)
+    counted = Counted()
+    app = create_app(config, router, metrics=metrics or counted)
     taken: list[bool] = []
     if app.fast_path is not None:
         _spy(app.fast_path, taken)
@@ -153,7 +172,7 @@ async def harness(e0: list[Reply], b0: list[Reply] | None = None, callback_path:
             await warm.aclose()
         async with guarded_server(app) as port, httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            yield Harness(app, router, backends[0], backends[1], client, taken)
+            yield Harness(app, router, backends[0], backends[1], client, taken, counted)
     finally:
         await asyncio.gather(*(u.aclose() for u in app.proxy.upstreams.values()))
         for server in servers:
@@ -192,6 +211,8 @@ def test_a_stream_on_callbacks_is_the_stream_the_coroutine_path_gives(
                            if k.startswith("x-specrouter-") or k == "content-type"}
                 answers.append((r.status_code, headers, r.content))
             assert h.taken == ([True] * 3 if callback_path else [])
+            assert h.counted.served == ([200] * 3 if callback_path else [])
+            assert h.counted.fallbacks == []
             assert h.router.outcomes == [("e0", True)] * 3
             assert not any(h.router.held.values())
             assert h.e0.connections == 1  # one keep-alive connection carried them all
@@ -210,6 +231,7 @@ def test_without_an_idle_connection_the_coroutine_path_serves_the_request() -> N
             first, second = await asyncio.gather(h.post(), h.post())  # one idle connection
             assert first.content == second.content == b"".join(ANSWER)
             assert sorted(h.taken) == [False, True]
+            assert h.counted.fallbacks == ["not_started"]
             assert h.e0.connections == 2
             assert len(h.router.requests) == 2  # each chosen once
 
@@ -225,6 +247,7 @@ def test_a_queue_full_first_event_is_retried_on_the_other_backend() -> None:
             assert h.taken == [True]
             assert h.router.outcomes == [("e0", False), ("b0", True)]
             assert h.router.requests[-1].exclude == frozenset({"e0"})
+            assert h.counted.fallbacks == ["retry"]
             await h.settled()
 
     run(scenario)
@@ -249,6 +272,7 @@ def test_a_request_that_should_wait_for_the_arrival_window_waits_on_the_coroutin
             r = await h.post()
             assert r.content == b"".join(ANSWER)
             assert h.taken == [False] and h.router.waited == [Arrival(0.0, 1)]
+            assert h.counted.fallbacks == ["arrival_window"]
 
     run(scenario)
 
@@ -269,6 +293,7 @@ def test_a_recall_before_the_first_byte_aborts_the_attempt_and_routes_again() ->
             await h.e0.aborted.wait()
             assert h.e0.aborts == [h.e0.requests[-1]["rid"]]
             assert h.taken == [True] and h.router.requests[-1].recalled
+            assert h.counted.fallbacks == ["recall"]
             await h.settled()
 
     run(scenario)
@@ -339,7 +364,7 @@ def test_a_stream_handed_over_mid_way_goes_on_on_the_other_backend() -> None:
             assert text == "Hello" and ids == {"e"}
             assert h.b0.requests[-1]["messages"][-1] == {"role": "assistant",
                                                          "content": "Hel"}
-            assert h.taken == [True]
+            assert h.taken == [True] and h.counted.fallbacks == ["handover"]
             await h.e0.aborted.wait()
             await h.settled()
 
@@ -352,6 +377,7 @@ def test_while_draining_the_app_answers_503() -> None:
             h.app.lifecycle.draining = True
             r = await h.post()
             assert r.status_code == 503 and h.taken == [False]
+            assert h.counted.fallbacks == ["app"]
 
     run(scenario)
 
@@ -368,3 +394,19 @@ def test_a_non_stream_answer_may_take_longer_than_a_streams_first_byte() -> None
             assert h.taken == [True]
 
     run(scenario)
+
+
+def test_the_requests_served_and_handed_on_are_in_the_routers_metrics() -> None:
+    metrics = RouterMetrics()
+
+    async def scenario() -> None:
+        async with harness([stream_reply(ANSWER)], metrics=metrics) as h:
+            await h.post()
+            h.app.lifecycle.draining = True
+            await h.post()
+
+    run(scenario)
+    text = metrics.render().decode()
+    assert ('specrouter_requests_total{backend="e0",pool="eagle",status="200"} 1.0'
+            in text)
+    assert 'specrouter_callback_fallbacks_total{reason="app"} 1.0' in text
