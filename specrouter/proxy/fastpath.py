@@ -482,11 +482,12 @@ class FastExchange:
         out = self._for_client(relay, last)
         error, trailer = cycle.stream_outcome(self.attempt, relay, failure)
         end = out + relay.rest_for_client() + trailer
+        self._settle(error)
         if started:
             self.client.end_response(end)
         else:
             self._respond(end, end=True)
-        self._complete(error)
+        self._done(self.status)
 
     def _buffer(self, data: bytes) -> None:
         self.size += len(data)
@@ -504,10 +505,11 @@ class FastExchange:
         cycle.finished = True
         cycle.answer = body
         self.attempt.settled = True
+        self._settle(None)
         self.client.respond(self.status, response_headers(
             self.upstream_headers, target, cycle.head.request_id, len(body)), False, body,
             True)
-        self._complete(None)
+        self._done(self.status)
 
     def _buffer_failed(self, error: UpstreamError) -> None:
         name = self.target.backend.name
@@ -548,8 +550,10 @@ class FastExchange:
         self._leave_upstream()
         self._done(status)
 
-    def _complete(self, error: str | None) -> None:
-        """The client got the whole response: tell the router, free the backend."""
+    def _settle(self, error: str | None) -> None:
+        """The answer is read to its end: tell the router, free the backend and the
+        connection before the client's last write, which may start the connection's
+        next (pipelined) request."""
         cycle, target, status = self.cycle, self.target, self.status
         if error is None and status >= 500:
             error = f"HTTP {status}"
@@ -558,7 +562,6 @@ class FastExchange:
         if not self.attempt.cut_by_router:
             cycle.router.record_outcome(target.backend.name, error is None, error)
         self._leave_upstream()
-        self._done(status)
 
     def _leave_upstream(self) -> None:
         """Close the upstream exchange (its connection stays only if the answer was read

@@ -410,3 +410,38 @@ def test_the_requests_served_and_handed_on_are_in_the_routers_metrics() -> None:
     assert ('specrouter_requests_total{backend="e0",pool="eagle",status="200"} 1.0'
             in text)
     assert 'specrouter_callback_fallbacks_total{reason="app"} 1.0' in text
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    """A chunked body, its framing removed."""
+    body = b""
+    while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+        body += (await reader.readexactly(size + 2))[:-2]
+    await reader.readexactly(2)
+    return body
+
+
+def test_pipelined_requests_are_answered_in_order_on_callbacks() -> None:
+    """Two requests in one write: the second waits in uvicorn's pipeline and starts on
+    callbacks as the first one's response completes."""
+    async def scenario() -> None:
+        async with harness([stream_reply(ANSWER)]) as h:
+            port = int(str(h.client.base_url).rsplit(":", 1)[1].rstrip("/"))
+            body = json.dumps(STREAM_CHAT).encode()
+            request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                       b"content-type: application/json\r\ncontent-length: %d\r\n"
+                       b"x-request-id: r%%d\r\n\r\n%b" % (len(body), body))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request % 1 + request % 2)
+            answers = []
+            for _ in range(2):
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert head.startswith(b"HTTP/1.1 200") and b"chunked" in head
+                answers.append(head)
+                assert await _read_chunked(reader) == b"".join(ANSWER)
+            writer.close()
+            assert [b"x-request-id: r1" in answers[0], b"x-request-id: r2" in answers[1]] == [
+                True, True]
+            assert h.taken == [True, True] and h.counted.served == [200, 200]
+
+    run(scenario)
