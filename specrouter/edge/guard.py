@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from uvicorn._types import ASGI3Application
@@ -24,7 +25,7 @@ from specrouter.edge.body import CycleBodyComplete
 from specrouter.edge.client_side import CycleClient
 from specrouter.edge.disconnect import CycleDisconnectWatch
 from specrouter.edge.writer import CycleChunkWriter
-from specrouter.errors import openai_error_body
+from specrouter.errors import RouterError, openai_error_body
 from specrouter.proxy.fastpath import FastExchange, FastPath
 from specrouter.proxy.request import BODY_COMPLETE
 from specrouter.proxy.response import CHUNK_WRITER, DISCONNECT_WATCH
@@ -55,6 +56,13 @@ class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a refused request."""
 
 
+def _declared_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
 def _fast_path_of(app: Any) -> FastPath | None:
     """The callback path the app offers (`fast_path`, on it or an app it wraps)."""
     for _ in range(8):
@@ -71,10 +79,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """The limits are class attributes: uvicorn instantiates the class once per connection
     and has no way to pass options through. `apply_limits` sets them for this process.
 
-    A generation request whose body arrives in the read that completes its head is
-    offered to the app's callback path (`proxy.fastpath`) instead of starting the app's
-    task; the callback path starts that task itself when the request needs it. A body
-    still incomplete after that read goes to the app, whose read is bounded in time.
+    A generation request is offered to the app's callback path (`proxy.fastpath`) once
+    its body is in, instead of starting the app's task; the callback path starts that
+    task itself when the request needs it. A body that does not end in the read that
+    completed the head is awaited here only when its declared length fits the request
+    limit and the process's body budget (reserved until the request is offered) and
+    while it arrives within `limits.body_timeout_s` (else 408, as the app answers);
+    any other goes to the app, whose read is bounded the same way.
     """
 
     max_header_bytes: int = 64 * 1024
@@ -92,6 +103,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._fast = _fast_path_of(self.app)
         self._reading = False  # inside data_received
         self._deferred: RequestResponseCycle | None = None  # waits for its body's end
+        self._reserved = 0  # body budget held for a deferred body past its first read
+        self._body_timer: asyncio.TimerHandle | None = None
         self._exchange: FastExchange | None = None
         self._exchange_cycle: RequestResponseCycle | None = None
 
@@ -102,7 +115,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
         super().connection_lost(exc)  # marks the current cycle disconnected, as `receive` sees
-        self._deferred = None
+        self._end_deferral()
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.lost()
@@ -132,12 +145,54 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         else:
             super()._start_asgi_task(cycle, app)
 
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._reserved and self._deferred is self.cycle and self.flow.read_paused:
+            self.flow.resume_reading()  # the reserved body is read whole, within its budget
+
     def on_message_complete(self) -> None:
         super().on_message_complete()
         cycle = self._deferred
         if cycle is not None and cycle is self.cycle and not cycle.more_body:
-            self._deferred = None
+            self._end_deferral()
             self._take(cycle)
+
+    def _keep_deferring(self, cycle: RequestResponseCycle) -> bool:
+        """Whether to wait here for the rest of a deferred body: its declared length fits
+        the request limit and the body budget (taken now, until the deferral ends)."""
+        if self._reserved:
+            return True
+        if cycle.waiting_for_100_continue:
+            return False  # the client waits for the app's `100 Continue`
+        fast = self._fast
+        length = _declared_length(cycle.scope["headers"])
+        if fast is None or length is None or length > fast.proxy.max_body:
+            return False
+        try:
+            fast.proxy.bodies.take(length)
+        except RouterError:
+            return False
+        self._reserved = length
+        self._body_timer = self.loop.call_later(fast.proxy.body_timeout, self._body_timed_out)
+        return True
+
+    def _end_deferral(self) -> None:
+        """Forget the deferred request (its reservation, its timer)."""
+        self._deferred = None
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        if self._reserved and self._fast is not None:
+            self._fast.proxy.bodies.give_back(self._reserved)
+        self._reserved = 0
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self._deferred is not None and self._fast is not None:
+            timeout = self._fast.proxy.body_timeout
+            self._end_deferral()
+            self._refuse(408, b"Request Timeout",
+                         f"request body not received within {timeout:g} s")
 
     def _take(self, cycle: RequestResponseCycle) -> None:
         assert self._fast is not None
@@ -161,8 +216,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             super().data_received(data)
         finally:
             self._reading = False
-        cycle, self._deferred = self._deferred, None
-        if cycle is not None:  # its body did not end in this read: the app reads it
+        cycle = self._deferred
+        if cycle is not None and not self._keep_deferring(cycle):
+            self._end_deferral()  # its body did not end in this read: the app reads it
             self._start_app(cycle)
         if not self._in_head or self._refused:
             return

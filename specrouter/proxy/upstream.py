@@ -104,9 +104,9 @@ class CallbackUpstream(Protocol):
     def start(self, method: str, path: str, headers: RawHeaders, body: RequestBody,
               listener: ExchangeListener, *, stream: bool) -> Exchange | None:
         """Send a request on an idle keep-alive connection and report its answer to
-        `listener`; None, with nothing sent, when no connection is idle or the body is
-        too large for one write (the caller then uses `open`). `stream` selects `open`'s
-        timeouts and limits; a non-stream answer may go silent for up to `total`."""
+        `listener`; None, with nothing sent, when no connection is idle (the caller then
+        uses `open`). `stream` selects `open`'s timeouts and limits; a non-stream answer
+        may go silent for up to `total`."""
 
     def finish(self, exchange: Exchange) -> None:
         """Give the exchange's connection back: kept for the next request if the answer

@@ -26,6 +26,7 @@ from specrouter.routing.router import HandoverBudget
 from tests.edge.serving import guarded_server
 from tests.fixtures.fake_router import ListRouter
 from tests.fixtures.http_server import read_request
+from tests.fixtures.procs import eventually
 from tests.proxy.test_handover import _contents, _event
 
 DONE = b"data: [DONE]\n\n"
@@ -443,5 +444,54 @@ def test_pipelined_requests_are_answered_in_order_on_callbacks() -> None:
             assert [b"x-request-id: r1" in answers[0], b"x-request-id: r2" in answers[1]] == [
                 True, True]
             assert h.taken == [True, True] and h.counted.served == [200, 200]
+
+    run(scenario)
+
+
+def _post_head(length: int) -> bytes:
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % length)
+
+
+def _port(h: Harness) -> int:
+    return int(str(h.client.base_url).rsplit(":", 1)[1].rstrip("/"))
+
+
+def test_a_long_prompt_arriving_in_pieces_runs_on_callbacks() -> None:
+    """A body past one read is awaited with its length reserved in the body budget; a
+    body past one write slice goes to the backend whole."""
+    async def scenario() -> None:
+        async with harness([stream_reply(ANSWER)]) as h:
+            prompt = "x" * 400_000
+            body = json.dumps({**STREAM_CHAT, "messages": [
+                {"role": "user", "content": prompt}]}).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", _port(h))
+            writer.write(_post_head(len(body)) + body[:1000])
+            await eventually(lambda: h.app.proxy.bodies.held == len(body),
+                             what="the body's length reserved")
+            writer.write(body[1000:])
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            assert await _read_chunked(reader) == b"".join(ANSWER)
+            writer.close()
+            assert h.taken == [True]
+            assert h.e0.requests[-1]["messages"][0]["content"] == prompt
+            await h.settled()
+            assert h.app.proxy.bodies.held == 0
+
+    run(scenario)
+
+
+def test_a_body_that_stops_arriving_gets_408_and_frees_its_reservation() -> None:
+    async def scenario() -> None:
+        async with harness([stream_reply(ANSWER)], limits={"body_timeout_s": 0.3}) as h:
+            reader, writer = await asyncio.open_connection("127.0.0.1", _port(h))
+            writer.write(_post_head(5000) + b'{"model": "m", ')
+            answer = await reader.read()  # the router closes the connection
+            writer.close()
+            assert answer.startswith(b"HTTP/1.1 408")
+            assert b"request body not received within 0.3 s" in answer
+            assert h.taken == [] and h.app.proxy.bodies.held == 0
+            assert len(h.e0.requests) == 1  # the warm-up only
 
     run(scenario)

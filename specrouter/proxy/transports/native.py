@@ -247,15 +247,21 @@ class Connection(asyncio.Protocol):
             await self._write_slices(body)
         await self._head
 
-    def start(self, request: bytes, timeout: float, max_duration: float | None,
-              listener: ExchangeListener) -> None:
-        """Write the request (head and body, `request`) and report its answer to
-        `listener` (`proxy.upstream.ExchangeListener`), with `send_request`'s timeouts."""
+    def start(self, head: bytes, body: RequestBody, timeout: float,
+              max_duration: float | None, listener: ExchangeListener) -> None:
+        """Write the request and report its answer to `listener`
+        (`proxy.upstream.ExchangeListener`), with `send_request`'s timeouts. A body past
+        one slice goes in its own write, not copied; what the socket does not take at once
+        waits in the transport's buffer."""
         self._reset()
         self._listener = listener
         self._begin(timeout, max_duration)
         assert self.transport is not None
-        self.transport.write(request)
+        if len(body) <= _WRITE_SLICE:
+            self.transport.write(head + body)
+        else:
+            self.transport.write(head)
+            self.transport.write(body)
 
     def _begin(self, timeout: float, max_duration: float | None) -> None:
         self._started = self._in_head = True
@@ -550,13 +556,13 @@ class NativeUpstream:
 
     def start(self, method: str, path: str, headers: RawHeaders, body: RequestBody,
               listener: ExchangeListener, *, stream: bool) -> Connection | None:
-        if len(body) > _WRITE_SLICE or method == "HEAD":
+        if method == "HEAD":
             return None
         conn = self._connections.take_idle()
         if conn is None:
             return None
         timeout = self._stream_timeout if stream else self._total_timeout
-        conn.start(self._request_head(method, path, headers, body) + body, timeout,
+        conn.start(self._request_head(method, path, headers, body), body, timeout,
                    self._connections.max_duration if stream else None, listener)
         return conn
 
