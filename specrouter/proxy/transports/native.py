@@ -239,11 +239,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             raise UpstreamUnreachable("backend closed the connection")
         self._begin(timeout, max_duration)
-        assert self.transport is not None
-        if len(body) <= _WRITE_SLICE:
-            self.transport.write(head + body)
-        else:
-            self.transport.write(head)
+        if not self._write_head(head, body):
             await self._write_slices(body)
         await self._head
 
@@ -256,12 +252,19 @@ class Connection(asyncio.Protocol):
         self._reset()
         self._listener = listener
         self._begin(timeout, max_duration)
+        if not self._write_head(head, body):
+            assert self.transport is not None
+            self.transport.write(body)
+
+    def _write_head(self, head: bytes, body: RequestBody) -> bool:
+        """Write the request's head, and its body with it when it fits one slice (True);
+        a larger body is the caller's to write."""
         assert self.transport is not None
         if len(body) <= _WRITE_SLICE:
             self.transport.write(head + body)
-        else:
-            self.transport.write(head)
-            self.transport.write(body)
+            return True
+        self.transport.write(head)
+        return False
 
     def _begin(self, timeout: float, max_duration: float | None) -> None:
         self._started = self._in_head = True
