@@ -19,6 +19,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCy
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from specrouter.proxy.forward import RESUME, Resume
+from specrouter.proxy.request import BODY_HELD
 from specrouter.proxy.upstream import RawHeaders, RequestBody
 
 _LAST_CHUNK = b"0\r\n\r\n"
@@ -28,10 +29,11 @@ class CycleClient:
     """`ClientSide` for one cycle; `start_task` starts the cycle's ASGI app task and
     `on_finished` tells the protocol the callback path is done with the request."""
 
-    __slots__ = ("_cycle", "_on_finished", "_start_task", "body", "receive", "scope", "send")
+    __slots__ = ("_cycle", "_on_finished", "_start_task", "body", "held", "receive", "scope",
+                 "send")
 
     def __init__(self, cycle: RequestResponseCycle, start_task: Callable[[], None],
-                 on_finished: Callable[[], None]) -> None:
+                 on_finished: Callable[[], None], held: int = 0) -> None:
         self._cycle = cycle
         self._start_task = start_task
         self._on_finished = on_finished
@@ -40,6 +42,7 @@ class CycleClient:
         self.body: RequestBody = cycle.body
         self.send = cast(Send, cycle.send)
         self.receive = cast(Receive, cycle.receive)
+        self.held = held  # the body's budget, reserved while the body arrived
 
     def respond(self, status: int, headers: RawHeaders, chunked: bool, body: bytes = b"",
                 end: bool = False) -> None:
@@ -97,6 +100,9 @@ class CycleClient:
     def fall_back(self, resume: Resume | None) -> None:
         if resume is not None:
             self.scope.setdefault("extensions", {})[RESUME] = resume
+        if self.held:
+            self.scope.setdefault("extensions", {})[BODY_HELD] = self.held
+            self.held = 0  # the app's now
         self._on_finished()
         self._start_task()
 

@@ -154,8 +154,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         cycle = self._deferred
         if cycle is not None and cycle is self.cycle and not cycle.more_body:
+            held, self._reserved = self._reserved, 0  # the request takes the reservation on
             self._end_deferral()
-            self._take(cycle)
+            self._take(cycle, held)
 
     def _keep_deferring(self, cycle: RequestResponseCycle) -> bool:
         """Whether to wait here for the rest of a deferred body: its declared length fits
@@ -174,6 +175,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return False
         self._reserved = length
         self._body_timer = self.loop.call_later(fast.proxy.body_timeout, self._body_timed_out)
+        if self.flow.read_paused:  # uvicorn pauses past 64 KiB of unread body
+            self.flow.resume_reading()
         return True
 
     def _end_deferral(self) -> None:
@@ -194,10 +197,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._refuse(408, b"Request Timeout",
                          f"request body not received within {timeout:g} s")
 
-    def _take(self, cycle: RequestResponseCycle) -> None:
+    def _take(self, cycle: RequestResponseCycle, held: int = 0) -> None:
+        """Offer the request to the callback path, with `held` bytes of its body's budget."""
         assert self._fast is not None
         client = CycleClient(cycle, lambda: self._start_app(cycle),
-                             lambda: self._exchange_done(cycle))
+                             lambda: self._exchange_done(cycle), held)
         exchange = self._fast.take(client)
         if exchange is not None:
             self._exchange, self._exchange_cycle = exchange, cycle

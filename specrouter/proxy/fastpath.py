@@ -94,6 +94,9 @@ class ClientSide(Protocol):
     body: RequestBody
     send: Send  # the server's ASGI `send` and `receive` for this request
     receive: Receive
+    # bytes of the body taken from the proxy's body budget for this request: given back
+    # when the request ends here, handed on with it to the app (`BODY_HELD`)
+    held: int
 
     def respond(self, status: int, headers: RawHeaders, chunked: bool, body: bytes = b"",
                 end: bool = False) -> None:
@@ -109,7 +112,8 @@ class ClientSide(Protocol):
         connection then serves its next request, or closes."""
 
     def fall_back(self, resume: Resume | None) -> None:
-        """Serve the request on the coroutine path (the ASGI app), from `resume`."""
+        """Serve the request on the coroutine path (the ASGI app), from `resume`, with
+        the body's `held` budget."""
 
     def abort(self) -> None:
         """Close the connection: a response cut short."""
@@ -164,6 +168,13 @@ class FastPath:
         if self.is_draining() or len(body) > proxy.max_body:
             self.fall_back(client, None, Fallback.APP)  # the app answers both
             return None
+        if not client.held:  # from here on the request holds its body's budget
+            try:
+                proxy.bodies.take(len(body))
+            except RouterError:
+                self.fall_back(client, None, Fallback.APP)  # the app refuses it
+                return None
+            client.held = len(body)
         scope = client.scope
         try:
             head = parse_head(scope)
@@ -201,22 +212,11 @@ class FastPath:
 
     def _start(self, client: ClientSide, cycle: RequestCycle, attempt: Attempt,
                upstream: CallbackUpstream) -> FastExchange | None:
-        """The attempt sent on an idle connection, its body counted in the budget; None
-        (nothing sent, nothing taken) without an idle connection or room in the budget."""
-        bodies, size = self.proxy.bodies, len(client.body)
-        try:
-            bodies.take(size)
-        except RouterError:
-            return None  # the app refuses it
-        try:
-            exchange = FastExchange(self, client, cycle, attempt, upstream)
-            started = upstream.start(cycle.method, cycle.path, attempt.headers, attempt.body,
-                                     exchange, stream=cycle.info.stream)
-        except BaseException:
-            bodies.give_back(size)
-            raise
+        """The attempt sent on an idle connection; None (nothing sent) without one."""
+        exchange = FastExchange(self, client, cycle, attempt, upstream)
+        started = upstream.start(cycle.method, cycle.path, attempt.headers, attempt.body,
+                                 exchange, stream=cycle.info.stream)
         if started is None:
-            bodies.give_back(size)
             return None
         exchange.upstream_exchange = started
         return exchange
@@ -577,8 +577,10 @@ class FastExchange:
         self.cycle.leave(self.attempt)
 
     def _fall_back(self, resume: Resume, reason: Fallback) -> None:
+        """The app goes on with the request, and with its body's budget."""
         self.stage = _Stage.DONE
-        self._release_request()
+        self.fast.count_active(-1)
+        self.client.finished()
         self.fast.fall_back(self.client, resume, reason)
 
     def _done(self, status: int | None) -> None:
@@ -595,7 +597,8 @@ class FastExchange:
                                     time.perf_counter() - self.started_at)
 
     def _release_request(self) -> None:
-        self.fast.proxy.bodies.give_back(len(self.client.body))
+        self.fast.proxy.bodies.give_back(self.client.held)
+        self.client.held = 0
         self.fast.count_active(-1)
         self.client.finished()
 

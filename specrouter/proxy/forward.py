@@ -48,6 +48,7 @@ from specrouter.proxy.handover import (
 from specrouter.proxy.recall import Recalled, unless_recalled
 from specrouter.proxy.request import (
     BODY_COMPLETE,
+    BODY_HELD,
     REQUEST_ID,
     BodyBudget,
     BodyComplete,
@@ -192,37 +193,43 @@ class Proxy:
         await self.abandoner.aclose()
 
     async def handle(self, scope: Scope, receive: Receive, send: Send, kind: RouteKind) -> None:
-        try:
-            head = parse_head(scope)
-            body = await self._read_body(scope, receive, head)
-        except RouterError as err:
-            await send_json(send, err.status, err.body(),
-                            [(REQUEST_ID, request_id_of(scope)), *err.headers])
-            return
-        except ClientGone:
-            return
-        except TimeoutError:
-            late = RouterError(408, f"request body not received within {self.body_timeout:g} s")
-            await send_json(send, late.status, late.body(), [(REQUEST_ID, request_id_of(scope)),
-                                                             (b"connection", b"close")])
-            return
+        extensions = scope.get("extensions") or {}
+        held: int = extensions.get(BODY_HELD, 0)  # taken by the callback path, ours now
+        body: RequestBody | None = None
         try:  # the body's bytes stay taken from the budget until the request ends
-            info = request_info(kind, scope["path"], body, head, self.affinity)
-        except RouterError as err:
-            await send_json(send, err.status, err.body(), [(REQUEST_ID, head.request_id)])
-        else:
-            extensions = scope.get("extensions")
-            resume = None if extensions is None else extensions.get(RESUME)
+            try:
+                head = parse_head(scope)
+                body = await self._read_body(scope, receive, head, held)
+            except RouterError as err:
+                await send_json(send, err.status, err.body(),
+                                [(REQUEST_ID, request_id_of(scope)), *err.headers])
+                return
+            except ClientGone:
+                return
+            except TimeoutError:
+                late = RouterError(408, f"request body not received within "
+                                        f"{self.body_timeout:g} s")
+                await send_json(send, late.status, late.body(),
+                                [(REQUEST_ID, request_id_of(scope)), (b"connection", b"close")])
+                return
+            try:
+                info = request_info(kind, scope["path"], body, head, self.affinity)
+            except RouterError as err:
+                await send_json(send, err.status, err.body(), [(REQUEST_ID, head.request_id)])
+                return
             await RequestCycle(self, scope, send, head, body, info,
-                               kind is RouteKind.GENERATE).run(receive, resume)
+                               kind is RouteKind.GENERATE).run(receive, extensions.get(RESUME))
         finally:
-            self.bodies.give_back(len(body))
+            self.bodies.give_back(held if body is None else len(body))
 
-    async def _read_body(self, scope: Scope, receive: Receive, head: RequestHead) -> RequestBody:
+    async def _read_body(self, scope: Scope, receive: Receive, head: RequestHead,
+                         held: int) -> RequestBody:
         """The request's body. A client trickling it must not hold the request (and its
         memory) forever: the read is bounded by `limits.body_timeout_s`, unless the server
-        says the whole body is in (`BODY_COMPLETE`) and the read cannot wait."""
-        read = read_body(receive, head.content_length, self.max_body, self.bodies)
+        says the whole body is in (`BODY_COMPLETE`) and the read cannot wait. With `held`
+        bytes already taken from the budget for it, the read takes none."""
+        read = read_body(receive, head.content_length, self.max_body,
+                         None if held else self.bodies)
         extensions = scope.get("extensions")
         complete: BodyComplete | None = (None if extensions is None
                                          else extensions.get(BODY_COMPLETE))

@@ -37,6 +37,10 @@ POOL_HEADER = backends.POOL_HEADER.encode()  # the wire form of the one name
 #: whole body is in, so that reading it cannot wait.
 BODY_COMPLETE = "specrouter.body_complete"
 BodyComplete = Callable[[], bool]
+#: The scope extension under which the server says how many bytes of the request's body
+#: its callback path already took from the body budget (`BodyBudget`) for this request:
+#: the app reads the body without taking them again and gives them back when it ends.
+BODY_HELD = "specrouter.body_held"
 _SESSION = SESSION_HEADER.encode()
 _JSON_SPACE = b" \t\r\n"
 
@@ -158,10 +162,11 @@ class BodyBudget:
 
 
 async def read_body(
-    receive: Receive, declared: int | None, limit: int, budget: BodyBudget
+    receive: Receive, declared: int | None, limit: int, budget: BodyBudget | None
 ) -> RequestBody:
-    """The whole request body in one buffer, its size taken from `budget`; the caller gives
-    `len(body)` back when the request ends, and a failure here gives back what it took.
+    """The whole request body in one buffer, its size taken from `budget` (None: already
+    taken); the caller gives `len(body)` back when the request ends, and a failure here
+    gives back what it took.
 
     Refused with 413 as soon as it exceeds `limit`, with 503 when `budget` cannot hold it.
     A body of one message is that message's bytes; a longer one is copied once, into a
@@ -176,8 +181,9 @@ async def read_body(
     more = message.get("more_body", False)
     if len(first) > limit:
         raise RouterError(413, f"request body exceeds the {limit} byte limit")
-    taken = len(first) if declared is None or not more else declared
-    budget.take(taken)
+    taken = 0 if budget is None else len(first) if declared is None or not more else declared
+    if budget is not None:
+        budget.take(taken)
     if not more:
         return first
     try:
@@ -185,7 +191,8 @@ async def read_body(
             return await _read_growing(receive, bytearray(first), limit, budget)
         return await _read_declared(receive, first, declared)
     except BaseException:
-        budget.give_back(taken)
+        if budget is not None:
+            budget.give_back(taken)
         raise
 
 
@@ -214,7 +221,7 @@ async def _read_declared(receive: Receive, first: bytes, declared: int) -> bytea
 
 
 async def _read_growing(
-    receive: Receive, body: bytearray, limit: int, budget: BodyBudget
+    receive: Receive, body: bytearray, limit: int, budget: BodyBudget | None
 ) -> bytearray:
     """The rest of a body without a declared length; each chunk is taken from `budget` as
     it arrives (and given back here if the read fails)."""
@@ -224,12 +231,14 @@ async def _read_growing(
             chunk, more = await _next_chunk(receive)
             if len(body) + len(chunk) > limit:
                 raise RouterError(413, f"request body exceeds the {limit} byte limit")
-            budget.take(len(chunk))
-            grown += len(chunk)
+            if budget is not None:
+                budget.take(len(chunk))
+                grown += len(chunk)
             body += chunk
         return body
     except BaseException:
-        budget.give_back(grown)
+        if budget is not None:
+            budget.give_back(grown)
         raise
 
 
