@@ -104,6 +104,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._reading = False  # inside data_received
         self._deferred: RequestResponseCycle | None = None  # waits for its body's end
         self._reserved = 0  # body budget held for a deferred body past its first read
+        self._deferral_counted = False  # ... counted in the app's requests in progress
         self._body_timer: asyncio.TimerHandle | None = None
         self._exchange: FastExchange | None = None
         self._exchange_cycle: RequestResponseCycle | None = None
@@ -173,7 +174,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             fast.proxy.bodies.take(length)
         except RouterError:
             return False
-        self._reserved = length
+        self._reserved, self._deferral_counted = length, True
+        fast.count_active(1)  # a request in progress, as the app counts one reading its body
         self._body_timer = self.loop.call_later(fast.proxy.body_timeout, self._body_timed_out)
         if self.flow.read_paused:  # uvicorn pauses past 64 KiB of unread body
             self.flow.resume_reading()
@@ -187,7 +189,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = None
         if self._reserved and self._fast is not None:
             self._fast.proxy.bodies.give_back(self._reserved)
-        self._reserved = 0
+        if self._deferral_counted and self._fast is not None:
+            self._fast.count_active(-1)
+        self._reserved, self._deferral_counted = 0, False
 
     def _body_timed_out(self) -> None:
         self._body_timer = None

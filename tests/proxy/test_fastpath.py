@@ -470,6 +470,7 @@ def test_a_long_prompt_arriving_in_pieces_runs_on_callbacks() -> None:
             writer.write(_post_head(len(body)) + body[:first])
             await eventually(lambda: h.app.proxy.bodies.held == len(body),
                              what="the body's length reserved")
+            assert h.app.lifecycle.active == 1  # a drain waits for it
             writer.write(body[first:])
             head = await reader.readuntil(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 200")
@@ -478,7 +479,7 @@ def test_a_long_prompt_arriving_in_pieces_runs_on_callbacks() -> None:
             assert h.taken == [True]
             assert h.e0.requests[-1]["messages"][0]["content"] == prompt
             await h.settled()
-            assert h.app.proxy.bodies.held == 0
+            assert h.app.proxy.bodies.held == 0 and h.app.lifecycle.active == 0
 
     run(scenario)
 
@@ -493,6 +494,7 @@ def test_a_body_that_stops_arriving_gets_408_and_frees_its_reservation() -> None
             assert answer.startswith(b"HTTP/1.1 408")
             assert b"request body not received within 0.3 s" in answer
             assert h.taken == [] and h.app.proxy.bodies.held == 0
+            assert h.app.lifecycle.active == 0
             assert len(h.e0.requests) == 1  # the warm-up only
 
     run(scenario)
