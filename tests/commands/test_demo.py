@@ -20,7 +20,8 @@ def test_demo_commands_work_as_printed_and_ctrl_c_stops_everything(
     port = free_port()
     demo = ManagedProcess(specrouter_argv("demo", "--port", str(port), "--time-scale", "0.05"))
     process_factory.append(demo.start())
-    wait_until(lambda: "Press Ctrl-C to stop" in demo.output(), 60, "the demo banner")
+    wait_until(lambda: "Press Ctrl-C to stop" in demo.output() and len(_engines(demo)) == 2,
+               60, "the demo banner and the simulator's ready line")
     out = demo.output()
 
     curl = next(line.strip() for line in out.splitlines() if line.strip().startswith("curl "))
@@ -33,8 +34,7 @@ def test_demo_commands_work_as_printed_and_ctrl_c_stops_everything(
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip()
 
-    engines = re.findall(r"(?:eagle|baseline)=(http://127\.0\.0\.1:\d+)", out)
-    assert len(engines) == 2
+    engines = _engines(demo)
     demo.signal(signal.SIGINT)
     assert demo.proc is not None and demo.proc.wait(30) == 0
     for url in (f"http://127.0.0.1:{port}", *engines):
@@ -43,6 +43,12 @@ def test_demo_commands_work_as_printed_and_ctrl_c_stops_everything(
             raise AssertionError(f"{url} still answers after Ctrl-C")
         except httpx.ConnectError:
             pass
+
+
+def _engines(demo: ManagedProcess) -> list[str]:
+    """The simulated engines' URLs, from the simulator's ready line (the simulator and
+    the router print theirs from two processes, in either order)."""
+    return re.findall(r"(?:eagle|baseline)=(http://127\.0\.0\.1:\d+)", demo.output())
 
 
 def _refuses(url: str) -> bool:
@@ -63,9 +69,9 @@ def test_demo_stopped_by_a_signal_leaves_no_simulator_behind(
     port = free_port()
     demo = ManagedProcess(specrouter_argv("demo", "--port", str(port), "--time-scale", "0.05"))
     process_factory.append(demo.start())
-    wait_until(lambda: "Press Ctrl-C to stop" in demo.output(), 60, "the demo banner")
-    engines = re.findall(r"(?:eagle|baseline)=(http://127\.0\.0\.1:\d+)", demo.output())
-    assert len(engines) == 2
+    wait_until(lambda: "Press Ctrl-C to stop" in demo.output() and len(_engines(demo)) == 2,
+               60, "the demo banner and the simulator's ready line")
+    engines = _engines(demo)
 
     demo.signal(sig)
     assert demo.proc is not None
