@@ -315,12 +315,13 @@ class FastExchange:
     # -- the client's side, from the server ----------------------------------------------
 
     def pause(self) -> None:
-        """The client's buffer passed its high-water mark: stop reading the backend."""
-        if self.upstream_exchange is not None and self.stage is not _Stage.HANDED:
+        """The client's buffer passed its high-water mark: stop reading the backend (while
+        this path reads it: after a handover the continuation's task flows by `send`)."""
+        if self.upstream_exchange is not None:
             self.upstream_exchange.pause_reading()
 
     def resume(self) -> None:
-        if self.upstream_exchange is not None and self.stage is not _Stage.HANDED:
+        if self.upstream_exchange is not None:
             self.upstream_exchange.resume_reading()
 
     def client_lost(self) -> None:
@@ -338,7 +339,7 @@ class FastExchange:
     def recalled(self) -> None:
         """The router recalled the attempt (`Target.recall`): before the client's head
         it is routed again on the coroutine path; after it, a stream that may be handed
-        over holds its next chunk (`hold_on`)."""
+        over holds its next chunk (`StreamRelay.hold`)."""
         try:
             if self.stage is _Stage.HEAD or self.stage is _Stage.FIRST:
                 cycle = self.cycle
