@@ -99,7 +99,10 @@ class HealthChecker:
         return self.records[name].allow_request(self._clock() if now is None else now)
 
     def record_outcome(self, name: str, ok: bool, error: str | None = None) -> None:
-        self.records[name].record_outcome(ok, self._clock(), error)
+        record = self.records[name]
+        if ok and record.breaker.closed:
+            return  # a success changes nothing in a closed breaker (`HealthRecord`)
+        record.record_outcome(ok, self._clock(), error)
         self._log_transition(name)
 
     # -- introspection ---------------------------------------------------------------------

@@ -167,9 +167,7 @@ class GroupView:
     def with_sustained(self, sustained: float | None) -> GroupView:
         """This view with `sustained`; the reads computed so far carry over (none of them
         reads `sustained`)."""
-        view = GroupView(self.name, self.backends, sustained)
-        object.__setattr__(view, "_memo", self._memo)
-        return view
+        return _group_view(self.name, self.backends, sustained, self._memo)
 
     def eagle_accept(self) -> tuple[float | None, float | None]:
         """(accept length, when it was received) of the freshest EAGLE server reading."""
@@ -194,6 +192,29 @@ class GroupView:
             if best is None or b.accept_seen_at > (best.accept_seen_at or float("-inf")):
                 best = b
         return best
+
+
+def _group_view(name: str, backends: tuple[BackendView, ...], sustained: float | None = None,
+                memo: dict[object, Any] | None = None) -> GroupView:
+    """`GroupView(name, backends, sustained)` (sharing `memo`), its fields set as the
+    dataclass's `__init__` sets them less its `object.__setattr__` per field: a view is
+    built at every count change and decision."""
+    view = _new(GroupView)
+    _set(view, "__dict__", {"name": name, "backends": backends, "sustained": sustained,
+                            "_memo": {} if memo is None else memo})
+    return view
+
+
+def _recounted(view: BackendView, load: BackendLoad) -> BackendView:
+    """`view` with `load`'s in-flight count now: a count changes neither staleness nor
+    an accept reading's freshness, so only the count and the credited engine load move."""
+    fields = dict(view.__dict__)
+    fields["inflight"] = load.inflight
+    if view.engine is not None:
+        fields["engine"] = load.credited()
+    new = _new(BackendView)
+    _set(new, "__dict__", fields)
+    return new
 
 
 @dataclass
@@ -295,6 +316,11 @@ class BackendLoad:
         """
         if self.sample is None or self.is_stale(now, interval):
             return None
+        return self.credited()
+
+    def credited(self) -> float:
+        """The credit rule's load, whether or not the sample is fresh (one is required)."""
+        assert self.sample is not None
         return max(0.0, float(self.sample.total + self.inflight - self.inflight_at_sample))
 
     def age(self, now: float) -> float | None:
@@ -363,7 +389,7 @@ class LoadView:
     flag changes, or a deadline of its readings passes (a sample going stale, an accept
     reading expiring: `BackendLoad.view_changes_at`), so a request reads the same
     views a fresh build would give, except `BackendView.telemetry_age`, which is the
-    age at the backend's last build. A count change (acquire, release) changes neither
+    age when the snapshot was built. A count change (acquire, release) changes neither
     a backend's staleness nor a deadline, so it rebuilds only the views of the backends
     whose count changed and of their groups; the rest are handed out again.
     """
@@ -465,8 +491,7 @@ class LoadView:
         """`b`'s view at `now`; a stale read is not counted here."""
         sample = b.sample
         stale = b.is_stale(now, self.poll_interval)
-        engine = (None if stale or sample is None
-                  else max(0.0, float(sample.total + b.inflight - b.inflight_at_sample)))
+        engine = None if stale or sample is None else b.credited()
         seen = b.accept_seen_at
         fresh = seen is not None and now - seen <= ACCEPT_MAX_AGE_S
         # The fields set as the dataclass's `__init__` sets them, less its one
@@ -511,7 +536,7 @@ class LoadView:
                 or not cached.built_at <= now <= cached.until):
             cached = self._build(now, flags)
         elif self._counted:
-            self._recount(cached, now)
+            self._recount(cached)
         for b in cached.stale:
             b.stale_reads += 1
         return cached.groups
@@ -530,18 +555,20 @@ class LoadView:
         self._cache = _Snapshot(groups, views, self._version, flags, now, until, stale)
         return self._cache
 
-    def _recount(self, cached: _Snapshot, now: float) -> None:
+    def _recount(self, cached: _Snapshot) -> None:
         """Bring `cached` up to date with the counts changed since: those backends' views
-        and their groups' are rebuilt at `now`, every other view is kept."""
+        take their new counts (`_recounted`) and their groups are rebuilt, every other
+        view is kept."""
         views, loads, groups = cached.views, self.backends, list(cached.groups)
         touched = set()
         for name in self._counted:
             b = loads[name]
-            views[name] = self._view_of(b, now, cached.healthy[self._position[name]])
+            views[name] = _recounted(views[name], b)
             touched.add(b.group)
         self._counted.clear()
         for g in touched:
-            groups[self._group_index[g]] = GroupView(g, tuple(views[n] for n in self._members[g]))
+            groups[self._group_index[g]] = _group_view(
+                g, tuple(views[n] for n in self._members[g]))
         cached.groups = tuple(groups)
 
     def stale_reads(self) -> Mapping[str, int]:

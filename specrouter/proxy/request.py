@@ -270,6 +270,8 @@ _LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 
 
 def _streams(value: Any) -> bool:
+    if value is True or value is False:  # JSON's own booleans, nearly every request
+        return value
     try:
         return value is not None and _LAX_BOOL.validate_python(value)
     except ValidationError:

@@ -23,8 +23,8 @@ def choose_group(
     shared GPU against load): with nothing held anywhere that is the less loaded one.
     """
     live = [g for g in groups if g.any_healthy]
-    if not live:
-        return None
+    if len(live) < 2:
+        return live[0] if live else None
     candidates = rng.sample(live, 2) if len(live) > 2 else live
     if affinity is None:
         least = min(g.load(signal) for g in candidates)

@@ -212,7 +212,10 @@ class CostLearning:
                  prompt_tokens: float = 0.0) -> None:
         """A request went to `backend` with this many prompt tokens to prefill there, of
         `prompt_tokens` in all (0: not known, or not a client's generation)."""
-        self._prefills.setdefault(backend, PrefillLog()).record(now, prefill_tokens)
+        prefills = self._prefills.get(backend)
+        if prefills is None:
+            prefills = self._prefills[backend] = PrefillLog()
+        prefills.record(now, prefill_tokens)
         if prompt_tokens > 0:
             group = self.view.backends[backend].group
             self._contexts[group].record(now, prompt_tokens)

@@ -319,31 +319,31 @@ class LoadAwareRouter:
         lookup = None
         if self._affinity is not None:
             lookup = self._affinity.lookup(request.prefix, request.session)
-        affinity = (None if lookup is None
+        affinity = (None if lookup is None or len(groups) < 2  # one group: nothing to weigh
                     else group_affinity(lookup, groups, request.session, self._prices,
                                         self._session_home, self._group_of))
         group = choose_group(groups, policy.load_signal, self._rng, affinity)
         if group is None:
             raise NoBackendAvailable("no healthy backend in any GPU group")
         group = self.monitor.with_sustained(group, now)
+        before = self._states[group.name]  # the group's state until this decision's
         hints = self._hints(policy, request)
         decision = (self._dry_decision(groups, group.name, policy, now)
                     if hints is _NO_HINTS else None)
         if decision is None:
-            decision = decide(policy, group, self._states[group.name], hints, now,
+            decision = decide(policy, group, before, hints, now,
                               self._cost_models.get(group.name))
         held = lookup.held if lookup is not None else {}
         if request.handed_over:
-            decision = follow_group(decision, self._states[group.name])
+            decision = follow_group(decision, before)
         elif lookup is not None and decision.reason in STRATEGIES[policy.strategy].reasons:
-            before = self._states[group.name]
             decision = keep_group_pool(decision, before.pool, before.since, group, lookup,
                                        self._prices)
             decision = leave_evicting_pool(decision, before.pool, group, lookup,
                                            self._prices, now)
             decision = hold_pool(decision, group, lookup, self._prices)
         recalls = self._recall_unstarted and decision.recalls
-        was = self._states[group.name].pool
+        was = before.pool
         if recalls and was != decision.state.pool:
             self._recalls.recall_group(group.name, was, self._handover_tokens)
         self._states[group.name] = decision.state

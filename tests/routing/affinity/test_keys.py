@@ -114,3 +114,11 @@ def test_home_group_is_stable_and_moves_only_the_sessions_of_a_leaving_group() -
         if h != "gpu2":
             assert home_group(s, fewer) == h
     assert home_group("s1", []) is None
+
+
+def test_the_prompt_starts_at_the_leftmost_field_name_within_the_scan() -> None:
+    both = b'{"model": "m", "text": "a", "messages": [{"role": "user", "content": "b"}]}'
+    assert prompt_start(both) == both.index(b'"text"')
+    late = b'{"pad": "' + b"x" * 5000 + b'", "messages": []}'
+    assert prompt_start(late) == 0  # past the first 4096 bytes: keyed from the start
+    assert prompt_start(bytearray(both)) == both.index(b'"text"')
