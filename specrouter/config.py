@@ -171,7 +171,11 @@ class UpstreamSettings(_Section):
     # Every in-flight stream holds one upstream connection; the pool must be bigger than
     # the largest batch a server runs, or requests queue in the router instead of SGLang.
     max_connections_per_backend: int = Field(default=1024, gt=0)
-    max_idle_per_backend: int = Field(default=256, ge=0)
+    # A released connection is kept while fewer than this many are idle, else closed: the
+    # pool keeps as many as the concurrency it serves (every connection it may open, by
+    # default), so a steady load opens none. Idle ones close on the server's keep-alive
+    # timeout; the descriptor budget lowers this where RLIMIT_NOFILE cannot hold them.
+    max_idle_per_backend: int = Field(default=1024, ge=0)
     # A generation the router leaves unfinished (recalled, client gone, backend silent) gets
     # `POST /abort_request` with its rid (`specrouter.proxy.abort`) and counts in flight
     # until the abort is acknowledged, or for at most `abandoned_hold_s`: SGLang's own

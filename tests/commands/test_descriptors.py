@@ -29,7 +29,7 @@ def _settings(**overrides: object) -> Settings:
 def test_the_configured_limits_stay_when_they_fit() -> None:
     budget = plan_budget(_settings(), 1 << 20)
     assert not budget.lowered and budget.overrides() == {}
-    assert budget.max_connections == 4096 and budget.max_idle_per_backend == 256
+    assert budget.max_connections == 4096 and budget.max_idle_per_backend == 1024
     assert budget.needed <= budget.limit
 
 
