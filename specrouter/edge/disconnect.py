@@ -41,6 +41,23 @@ class CycleDisconnectWatch:
         else:
             cycle.flow.resume_reading()
 
+    @property
+    def open(self) -> bool:
+        """Whether the cycle is alive and its response not complete."""
+        cycle = self._cycle()
+        return cycle is not None and not cycle.response_complete
+
+    def connection_lost(self) -> None:
+        """The connection is gone: the cycle, if its response was cut, is marked
+        disconnected (its `send` writes nothing more, its `receive` returns
+        `http.disconnect`), then `lost`. uvicorn's `connection_lost` marks only the last
+        request it parsed, which under pipelining is not the one still responding."""
+        cycle = self._cycle()
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.lost()
+
     def lost(self) -> None:
         """The connection is gone: call back once if the cycle's response was cut."""
         callback, cycle = self._callback, self._cycle()

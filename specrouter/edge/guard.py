@@ -98,7 +98,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_size = 0  # request line plus headers as parsed
         self._refused = False
         self._head_timer: asyncio.TimerHandle | None = None
-        self._watch: CycleDisconnectWatch | None = None  # the current cycle's
+        # the watches of this connection's cycles that went to the app (the one responding
+        # and any pipelined behind it), those whose response completed dropped as more come
+        self._watches: list[CycleDisconnectWatch] = []
         self._app = self.app  # the app's own (`_too_many_connections` may stand in)
         self._fast = _fast_path_of(self.app)
         self._reading = False  # inside data_received
@@ -115,11 +117,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
-        super().connection_lost(exc)  # marks the current cycle disconnected, as `receive` sees
+        super().connection_lost(exc)  # marks the last parsed cycle disconnected
         self._end_deferral()
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.lost()
+        watches, self._watches = self._watches, []
+        for watch in watches:  # every cycle still responding, pipelined or not
+            watch.connection_lost()
         exchange, self._exchange = self._exchange, None
         if exchange is not None:
             exchange.client_lost()
@@ -288,10 +290,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         past `send` (`edge.writer`), learn of a disconnect without a task waiting in
         `receive` (`edge.disconnect`) and read a body that is in without a timer
         (`edge.body`). A request the callback path serves needs none of it."""
-        self._watch = CycleDisconnectWatch(cycle)
+        watch = CycleDisconnectWatch(cycle)
+        self._watches = [w for w in self._watches if w.open]
+        self._watches.append(watch)
         extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
         extensions[CHUNK_WRITER] = CycleChunkWriter(cycle)
-        extensions[DISCONNECT_WATCH] = self._watch
+        extensions[DISCONNECT_WATCH] = watch
         extensions[BODY_COMPLETE] = CycleBodyComplete(cycle)
 
     def _start_app(self, cycle: RequestResponseCycle) -> None:
