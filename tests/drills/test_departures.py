@@ -14,6 +14,7 @@ its rid or finished), and no traceback was logged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.drills.conftest import MODEL, assert_alive, assert_idle
+from tests.drills.conftest import (
+    FAST_BREAKER,
+    FAST_HEALTH,
+    MODEL,
+    assert_alive,
+    assert_idle,
+    call,
+    chat_body,
+)
 from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RoutedGroup, group_backends, start_router, start_sim_group
 
@@ -62,44 +71,57 @@ async def _client(port: int, plan: _Plan) -> None:
         head, body = _request(plan, port, padding=plan.leave_at * 40)
         if plan.stage == "head":
             writer.write(head[:plan.leave_at % len(head)])
-            await writer.drain()
-            return
-        if plan.stage == "body":
+        elif plan.stage == "body":
             writer.write(head + body[:plan.leave_at % len(body)])
-            await writer.drain()
-            return
-        writer.write(head + body)
-        if plan.stage == "pipelined":
+        else:
             writer.write(head + body)
+            if plan.stage == "pipelined":
+                writer.write(head + body)
         await writer.drain()
-        if plan.stage == "sent":
-            return
-        if plan.stage == "never":
-            await _read_answer(reader, stream=plan.stream)
-            return
-        read = 0
-        while read < plan.leave_at:
-            chunk = await reader.read(plan.leave_at - read)
-            if not chunk:
-                return
-            read += len(chunk)
+        if plan.stage in ("answer", "pipelined", "never"):
+            answers = 2 if plan.stage == "pipelined" else 1
+            limit = plan.leave_at if plan.stage != "never" else None
+            with contextlib.suppress(asyncio.IncompleteReadError):  # the router closed
+                await _read_answers(reader, answers, limit)
     finally:
         writer.close()
 
 
-async def _read_answer(reader: asyncio.StreamReader, stream: bool) -> None:
-    """Read one whole answer: a chunked stream to its terminator, else to its length."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 "), head[:200]
-    if b"transfer-encoding: chunked" in head.lower():
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-            await reader.readexactly(size + 2)
-            if size == 0:
-                return
-    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                  if line.startswith(b"content-length:"))
-    await reader.readexactly(length)
+async def _read_answers(reader: asyncio.StreamReader, answers: int, limit: int | None) -> None:
+    """Read up to `answers` whole answers, leaving once `limit` bytes are read (None:
+    read them all). A chunked stream is read chunk by chunk, a body by slices, so a
+    client leaves between two events or inside a body."""
+    read = 0
+
+    def enough(data: bytes) -> bool:
+        nonlocal read
+        read += len(data)
+        return limit is not None and read >= limit
+
+    for _ in range(answers):
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 "), head[:200]
+        if enough(head):
+            return
+        lower = head.lower()
+        if b"transfer-encoding: chunked" in lower:
+            while True:
+                line = await reader.readuntil(b"\r\n")
+                size = int(line.strip(), 16)
+                if enough(line + await reader.readexactly(size + 2)):
+                    return
+                if size == 0:
+                    break
+        else:
+            length = next(int(line.split(b":")[1]) for line in lower.split(b"\r\n")
+                          if line.startswith(b"content-length:"))
+            while length:
+                piece = await reader.readexactly(min(256, length))
+                length -= len(piece)
+                if enough(piece):
+                    return
+        if b"connection: close" in lower:
+            return
 
 
 @pytest.fixture(scope="module", params=["callback-path", "coroutine-path"])
@@ -109,8 +131,11 @@ def departures(request: pytest.FixtureRequest) -> Iterator[RoutedGroup]:
     started: list[Any] = []
     try:
         sim, eagle, baseline = start_sim_group(started, time_scale=0.05)
-        # a short hold: an abort the engine does not acknowledge frees its count within it
+        # a short hold: an abort the engine does not acknowledge frees its count within it;
+        # fast health checks and breakers: a failing engine's breaker closes again soon
         env = {"SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0",
+               "SPECROUTER_HEALTH": json.dumps(FAST_HEALTH),
+               "SPECROUTER_BREAKER": json.dumps(FAST_BREAKER),
                "SPECROUTER_LISTEN__CALLBACK_PATH": str(request.param == "callback-path")}
         proc = start_router(started, group_backends(eagle, baseline), env=env)
         yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
@@ -132,6 +157,19 @@ def _assert_clean(group: RoutedGroup) -> None:
                         json={"model": MODEL, "max_tokens": 2,
                               "messages": [{"role": "user", "content": "still there?"}]})
     assert answer.status_code == 200, answer.text[:300]
+
+
+faults = st.fixed_dictionaries({
+    "error_rate": st.sampled_from([0.0, 0.2, 0.5]),
+    "error_status": st.sampled_from([500, 502, 503]),
+    "cut_stream_after_tokens": st.none() | st.integers(0, 12),
+    "added_latency_ms": st.sampled_from([0.0, 5.0, 40.0]),
+})
+_NO_FAULTS = {"error_rate": 0.0, "cut_stream_after_tokens": None, "added_latency_ms": 0.0}
+
+
+def _backends_healthy(group: RoutedGroup) -> bool:
+    return all(b["healthy"] for b in group.router.ready()["backends"])
 
 
 def _engines_idle(group: RoutedGroup) -> bool:
@@ -162,4 +200,35 @@ def test_a_client_leaving_a_stream_with_a_request_pipelined_behind_it(
     port = int(departures.router.url.rsplit(":", 1)[1])
     stream = _Plan("pipelined", leave_at=300, stream=True, max_tokens=200)
     asyncio.run(_client(port, stream))
+    _assert_clean(departures)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])
+@given(eagle=faults, baseline=faults, batch=st.lists(plans, min_size=2, max_size=16),
+       readers=st.integers(1, 8), stream=st.booleans())
+def test_failing_engines_and_leaving_clients_together(
+        departures: RoutedGroup, eagle: dict[str, Any], baseline: dict[str, Any],
+        batch: list[_Plan], readers: int, stream: bool) -> None:
+    """Engines that answer 5xx, cut streams or answer late while clients leave: every
+    client that stays gets a whole answer or a clear error (`call`: an OpenAI error body
+    or an SSE error event, never a bare cut or a hang), and nothing is left behind."""
+    port = int(departures.router.url.rsplit(":", 1)[1])
+    url = f"{departures.router.url}/v1/chat/completions"
+
+    async def run() -> None:
+        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+            stayers = [call(client, url, chat_body(max_tokens=16, stream=stream))
+                       for _ in range(readers)]
+            await asyncio.gather(*stayers, *(_client(port, plan) for plan in batch))
+
+    departures.control("eagle", **eagle)
+    departures.control("baseline", **baseline)
+    try:
+        asyncio.run(run())
+    finally:
+        departures.control("eagle", **_NO_FAULTS)
+        departures.control("baseline", **_NO_FAULTS)
+    wait_until(lambda: _backends_healthy(departures), timeout=30.0,
+               what="the breakers to close again")
     _assert_clean(departures)
