@@ -18,6 +18,16 @@ from collections.abc import Callable
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 
+def mark_disconnected(cycle: RequestResponseCycle) -> None:
+    """What uvicorn's `connection_lost` does to its current cycle, for any cycle of the
+    lost connection whose response was cut: its `send` writes nothing more and its
+    `receive` returns `http.disconnect`. uvicorn marks only the last request it parsed,
+    which under pipelining is not the one still responding."""
+    if not cycle.response_complete:
+        cycle.disconnected = True
+        cycle.message_event.set()
+
+
 class CycleDisconnectWatch:
     """The watch for one request/response cycle of one client connection. It lives in
     the cycle's scope and holds the cycle weakly, so that a request's cycle and scope are
@@ -48,14 +58,10 @@ class CycleDisconnectWatch:
         return cycle is not None and not cycle.response_complete
 
     def connection_lost(self) -> None:
-        """The connection is gone: the cycle, if its response was cut, is marked
-        disconnected (its `send` writes nothing more, its `receive` returns
-        `http.disconnect`), then `lost`. uvicorn's `connection_lost` marks only the last
-        request it parsed, which under pipelining is not the one still responding."""
+        """The connection is gone: the cycle is marked (`mark_disconnected`), then `lost`."""
         cycle = self._cycle()
-        if cycle is not None and not cycle.response_complete:
-            cycle.disconnected = True
-            cycle.message_event.set()
+        if cycle is not None:
+            mark_disconnected(cycle)
         self.lost()
 
     def lost(self) -> None:

@@ -23,7 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from specrouter.edge.body import CycleBodyComplete
 from specrouter.edge.client_side import CycleClient
-from specrouter.edge.disconnect import CycleDisconnectWatch
+from specrouter.edge.disconnect import CycleDisconnectWatch, mark_disconnected
 from specrouter.edge.writer import CycleChunkWriter
 from specrouter.errors import RouterError, openai_error_body
 from specrouter.proxy.fastpath import FastExchange, FastPath
@@ -122,7 +122,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         watches, self._watches = self._watches, []
         for watch in watches:  # every cycle still responding, pipelined or not
             watch.connection_lost()
-        exchange, self._exchange = self._exchange, None
+        exchange, cycle = self._exchange, self._exchange_cycle
+        self._exchange = self._exchange_cycle = None
+        if cycle is not None:  # a stream handed over from callbacks goes on by `send`
+            mark_disconnected(cycle)
         if exchange is not None:
             exchange.client_lost()
 

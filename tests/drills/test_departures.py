@@ -29,6 +29,7 @@ from tests.drills.conftest import (
     FAST_BREAKER,
     FAST_HEALTH,
     MODEL,
+    Outcome,
     assert_alive,
     assert_idle,
     call,
@@ -232,3 +233,46 @@ def test_failing_engines_and_leaving_clients_together(
     wait_until(lambda: _backends_healthy(departures), timeout=30.0,
                what="the breakers to close again")
     _assert_clean(departures)
+
+
+@pytest.fixture(scope="module")
+def switching() -> Iterator[RoutedGroup]:
+    """A group that switches pools with every few requests (the threshold strategy at
+    exact in-flight counts: EAGLE-3 at 0-1 in flight, the baseline from 2 on), so streams
+    are recalled before their first byte and handed over after it."""
+    started: list[Any] = []
+    try:
+        sim, eagle, baseline = start_sim_group(started, time_scale=0.05)
+        policy = {"strategy": "threshold", "switch_up": 2, "switch_down": 0,
+                  "load_signal": "inflight"}
+        env = {"SPECROUTER_POLICY": json.dumps(policy),
+               "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0",
+               "SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0"}
+        proc = start_router(started, group_backends(eagle, baseline), env=env)
+        yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])
+@given(batch=st.lists(plans, min_size=2, max_size=16), readers=st.integers(2, 10),
+       tokens=st.integers(4, 60))
+def test_switching_groups_and_leaving_clients_together(
+        switching: RoutedGroup, batch: list[_Plan], readers: int, tokens: int) -> None:
+    """Streams recalled and handed over between the pools while other clients leave:
+    every client that stays gets a whole answer or a clear error, nothing is left."""
+    port = int(switching.router.url.rsplit(":", 1)[1])
+    url = f"{switching.router.url}/v1/chat/completions"
+
+    async def run() -> list[Outcome]:
+        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+            stayers = asyncio.gather(*(call(client, url, chat_body(max_tokens=tokens))
+                                       for _ in range(readers)))
+            await asyncio.gather(*(_client(port, plan) for plan in batch))
+            return list(await stayers)
+
+    outcomes = asyncio.run(run())
+    assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok]
+    _assert_clean(switching)
