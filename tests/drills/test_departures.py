@@ -35,7 +35,7 @@ from tests.drills.conftest import (
     call,
     chat_body,
 )
-from tests.fixtures.procs import wait_until
+from tests.fixtures.procs import eventually, wait_until
 from tests.fixtures.router import RoutedGroup, group_backends, start_router, start_sim_group
 
 #: Where a client leaves (`_Plan.leave_at` counts bytes within that stage).
@@ -275,4 +275,42 @@ def test_switching_groups_and_leaving_clients_together(
 
     outcomes = asyncio.run(run())
     assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok]
+    _assert_clean(switching)
+
+
+def _handovers(group: RoutedGroup) -> float:
+    text = httpx.get(f"{group.router.url}/metrics", timeout=5.0).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("specrouter_handovers_total"))
+
+
+def test_a_handed_over_stream_with_a_request_pipelined_behind_it_learns_its_client_left(
+        switching: RoutedGroup) -> None:
+    """A stream handed over mid-way goes on through uvicorn's `send`; with a request
+    pipelined behind it, uvicorn marks only that one disconnected when the client goes,
+    so the router must mark the stream's own cycle, or the continuation writes to the
+    closed transport and reads the engine to its end."""
+    port = int(switching.router.url.rsplit(":", 1)[1])
+    url = f"{switching.router.url}/v1/chat/completions"
+    # one answer on EAGLE-3 first: its upstream connection waits idle, so the stream
+    # below starts on the callback path
+    assert httpx.post(url, json=chat_body(max_tokens=2, stream=False), timeout=20.0).is_success
+
+    async def scenario() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        head, body = _request(_Plan("pipelined", 0, True, 4000), port)
+        writer.write(head + body + head + body)
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readuntil(b"\r\n")  # its first event is on its way: past the first byte
+        before = _handovers(switching)
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            # two more streams take the group to the baseline: the first stream moves
+            others = [asyncio.ensure_future(call(client, url, chat_body(max_tokens=8)))
+                      for _ in range(2)]
+            await eventually(lambda: _handovers(switching) > before, timeout=10.0,
+                             what="the stream to be handed over")
+            writer.close()
+            assert all(o.ok for o in await asyncio.gather(*others))
+
+    asyncio.run(scenario())
     _assert_clean(switching)
