@@ -5,12 +5,14 @@ its counts gone from the others' view within the TTL."""
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import time
 
 import httpx
 
 from tests.cluster.conftest import Cluster, ClusterFactory, Held, in_thread
+from tests.fixtures.departures import STAGES, Departure, leave
 from tests.fixtures.procs import wait_until
 
 CAP = 4
@@ -142,3 +144,30 @@ def test_every_request_path_releases_its_count(replicas: ClusterFactory) -> None
     redis = c.redis.client()
     wait_until(lambda: not list(redis.scan_iter(f"{c.prefix}:inflight:*")), 5.0,
                "no in-flight hash left in redis")
+
+
+def test_clients_leaving_anywhere_leave_no_count_in_the_cluster(replicas: ClusterFactory) -> None:
+    """Clients leaving at any point of their requests (tests/fixtures/departures.py), spread
+    over three replicas of a group that switches pools with its load: every replica's
+    cluster view and Redis end with nothing in flight."""
+    c = replicas(policy={"strategy": "threshold", "switch_up": 3, "switch_down": 1,
+                         "load_signal": "inflight"}, time_scale=0.05)
+    rng = random.Random(11)
+    ports = [int(r.url.rsplit(":", 1)[1]) for r in c.replicas]
+
+    async def batch() -> None:
+        plans = [Departure(rng.choice(STAGES), rng.randint(0, 4000), rng.random() < 0.5,
+                           rng.randint(1, 40)) for _ in range(24)]
+        async with asyncio.timeout(60.0):
+            await asyncio.gather(*(leave(ports[i % len(ports)], plan)
+                                   for i, plan in enumerate(plans)))
+
+    for _ in range(3):
+        asyncio.run(batch())
+    _converged(c, 0)
+    assert not any(c.total_local().values()), c.total_local()
+    redis = c.redis.client()
+    wait_until(lambda: not list(redis.scan_iter(f"{c.prefix}:inflight:*")), 5.0,
+               "no in-flight hash left in redis")
+    for r in c.replicas:
+        assert "Traceback" not in r.proc.process.output(), r.proc.process.output()[-3000:]

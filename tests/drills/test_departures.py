@@ -14,10 +14,8 @@ its rid or finished), and no traceback was logged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -35,94 +33,9 @@ from tests.drills.conftest import (
     call,
     chat_body,
 )
+from tests.fixtures.departures import Departure, departure_plans, leave, request_bytes
 from tests.fixtures.procs import eventually, wait_until
 from tests.fixtures.router import RoutedGroup, group_backends, start_router, start_sim_group
-
-#: Where a client leaves (`_Plan.leave_at` counts bytes within that stage).
-STAGES = ("head", "body", "sent", "answer", "pipelined", "never")
-
-
-@dataclass(frozen=True)
-class _Plan:
-    stage: str
-    leave_at: int  # bytes of the head, the body or the answer before leaving
-    stream: bool
-    max_tokens: int
-
-
-plans = st.builds(_Plan, st.sampled_from(STAGES), st.integers(0, 4000), st.booleans(),
-                  st.integers(1, 40))
-
-
-def _request(plan: _Plan, port: int, padding: int = 0) -> tuple[bytes, bytes]:
-    """(head, body) of one chat completion; `padding` grows the prompt so the body spans
-    reads."""
-    body = json.dumps({"model": MODEL, "stream": plan.stream, "max_tokens": plan.max_tokens,
-                       "ignore_eos": True,
-                       "messages": [{"role": "user", "content": "hi " + "x" * padding}]}
-                      ).encode()
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode()
-    return head, body
-
-
-async def _client(port: int, plan: _Plan) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        head, body = _request(plan, port, padding=plan.leave_at * 40)
-        if plan.stage == "head":
-            writer.write(head[:plan.leave_at % len(head)])
-        elif plan.stage == "body":
-            writer.write(head + body[:plan.leave_at % len(body)])
-        else:
-            writer.write(head + body)
-            if plan.stage == "pipelined":
-                writer.write(head + body)
-        await writer.drain()
-        if plan.stage in ("answer", "pipelined", "never"):
-            answers = 2 if plan.stage == "pipelined" else 1
-            limit = plan.leave_at if plan.stage != "never" else None
-            with contextlib.suppress(asyncio.IncompleteReadError):  # the router closed
-                await _read_answers(reader, answers, limit)
-    finally:
-        writer.close()
-
-
-async def _read_answers(reader: asyncio.StreamReader, answers: int, limit: int | None) -> None:
-    """Read up to `answers` whole answers, leaving once `limit` bytes are read (None:
-    read them all). A chunked stream is read chunk by chunk, a body by slices, so a
-    client leaves between two events or inside a body."""
-    read = 0
-
-    def enough(data: bytes) -> bool:
-        nonlocal read
-        read += len(data)
-        return limit is not None and read >= limit
-
-    for _ in range(answers):
-        head = await reader.readuntil(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 "), head[:200]
-        if enough(head):
-            return
-        lower = head.lower()
-        if b"transfer-encoding: chunked" in lower:
-            while True:
-                line = await reader.readuntil(b"\r\n")
-                size = int(line.strip(), 16)
-                if enough(line + await reader.readexactly(size + 2)):
-                    return
-                if size == 0:
-                    break
-        else:
-            length = next(int(line.split(b":")[1]) for line in lower.split(b"\r\n")
-                          if line.startswith(b"content-length:"))
-            while length:
-                piece = await reader.readexactly(min(256, length))
-                length -= len(piece)
-                if enough(piece):
-                    return
-        if b"connection: close" in lower:
-            return
 
 
 @pytest.fixture(scope="module", params=["callback-path", "coroutine-path"])
@@ -180,14 +93,14 @@ def _engines_idle(group: RoutedGroup) -> bool:
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])
-@given(batch=st.lists(plans, min_size=4, max_size=24))
+@given(batch=st.lists(departure_plans, min_size=4, max_size=24))
 def test_clients_leaving_anywhere_leave_nothing_behind(departures: RoutedGroup,
-                                                       batch: list[_Plan]) -> None:
+                                                       batch: list[Departure]) -> None:
     port = int(departures.router.url.rsplit(":", 1)[1])
 
     async def run() -> None:
         async with asyncio.timeout(30.0):
-            await asyncio.gather(*(_client(port, plan) for plan in batch))
+            await asyncio.gather(*(leave(port, plan) for plan in batch))
 
     asyncio.run(run())
     _assert_clean(departures)
@@ -199,18 +112,18 @@ def test_a_client_leaving_a_stream_with_a_request_pipelined_behind_it(
     responding ahead of it must learn of the departure too, not write to a closed
     transport (uvloop raises there)."""
     port = int(departures.router.url.rsplit(":", 1)[1])
-    stream = _Plan("pipelined", leave_at=300, stream=True, max_tokens=200)
-    asyncio.run(_client(port, stream))
+    stream = Departure("pipelined", leave_at=300, stream=True, max_tokens=200)
+    asyncio.run(leave(port, stream))
     _assert_clean(departures)
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])
-@given(eagle=faults, baseline=faults, batch=st.lists(plans, min_size=2, max_size=16),
+@given(eagle=faults, baseline=faults, batch=st.lists(departure_plans, min_size=2, max_size=16),
        readers=st.integers(1, 8), stream=st.booleans())
 def test_failing_engines_and_leaving_clients_together(
         departures: RoutedGroup, eagle: dict[str, Any], baseline: dict[str, Any],
-        batch: list[_Plan], readers: int, stream: bool) -> None:
+        batch: list[Departure], readers: int, stream: bool) -> None:
     """Engines that answer 5xx, cut streams or answer late while clients leave: every
     client that stays gets a whole answer or a clear error (`call`: an OpenAI error body
     or an SSE error event, never a bare cut or a hang), and nothing is left behind."""
@@ -221,7 +134,7 @@ def test_failing_engines_and_leaving_clients_together(
         async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
             stayers = [call(client, url, chat_body(max_tokens=16, stream=stream))
                        for _ in range(readers)]
-            await asyncio.gather(*stayers, *(_client(port, plan) for plan in batch))
+            await asyncio.gather(*stayers, *(leave(port, plan) for plan in batch))
 
     departures.control("eagle", **eagle)
     departures.control("baseline", **baseline)
@@ -257,10 +170,10 @@ def switching() -> Iterator[RoutedGroup]:
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])
-@given(batch=st.lists(plans, min_size=2, max_size=16), readers=st.integers(2, 10),
+@given(batch=st.lists(departure_plans, min_size=2, max_size=16), readers=st.integers(2, 10),
        tokens=st.integers(4, 60))
 def test_switching_groups_and_leaving_clients_together(
-        switching: RoutedGroup, batch: list[_Plan], readers: int, tokens: int) -> None:
+        switching: RoutedGroup, batch: list[Departure], readers: int, tokens: int) -> None:
     """Streams recalled and handed over between the pools while other clients leave:
     every client that stays gets a whole answer or a clear error, nothing is left."""
     port = int(switching.router.url.rsplit(":", 1)[1])
@@ -270,7 +183,7 @@ def test_switching_groups_and_leaving_clients_together(
         async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
             stayers = asyncio.gather(*(call(client, url, chat_body(max_tokens=tokens))
                                        for _ in range(readers)))
-            await asyncio.gather(*(_client(port, plan) for plan in batch))
+            await asyncio.gather(*(leave(port, plan) for plan in batch))
             return list(await stayers)
 
     outcomes = asyncio.run(run())
@@ -298,7 +211,7 @@ def test_a_handed_over_stream_with_a_request_pipelined_behind_it_learns_its_clie
 
     async def scenario() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        head, body = _request(_Plan("pipelined", 0, True, 4000), port)
+        head, body = request_bytes(Departure("pipelined", 0, True, 4000), port)
         writer.write(head + body + head + body)
         await reader.readuntil(b"\r\n\r\n")
         await reader.readuntil(b"\r\n")  # its first event is on its way: past the first byte
