@@ -227,3 +227,74 @@ def test_a_handed_over_stream_with_a_request_pipelined_behind_it_learns_its_clie
 
     asyncio.run(scenario())
     _assert_clean(switching)
+
+
+framings = st.fixed_dictionaries({
+    "length": st.sampled_from(["exact", "chunked", "short", "long"]),
+    "version": st.sampled_from(["1.1", "1.0"]),
+    "expect": st.booleans(),
+    "splits": st.lists(st.integers(1, 400), max_size=3),
+    "stream": st.booleans(),
+})
+
+
+def _framed(port: int, framing: dict[str, Any]) -> tuple[bytes, list[bytes]]:
+    """A chat completion's head and its body's writes, framed as `framing` says: an
+    exact, chunked, too short (the body runs past the declared length) or too long
+    (the client stops before the declared length) body. The connection is not kept
+    alive (HTTP/1.1 says `connection: close`), so the answer ends where the router
+    closes."""
+    body = json.dumps({"model": MODEL, "stream": framing["stream"], "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "framed " * 30}]}).encode()
+    lines = [f"POST /v1/chat/completions HTTP/{framing['version']}",
+             f"host: 127.0.0.1:{port}", "content-type: application/json"]
+    if framing["version"] == "1.1":
+        lines.append("connection: close")
+    if framing["expect"]:
+        lines.append("expect: 100-continue")
+    declared = {"exact": len(body), "short": len(body) - 7, "long": len(body) + 50}
+    if framing["length"] == "chunked":
+        lines.append("transfer-encoding: chunked")
+        body = b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        lines.append(f"content-length: {declared[framing['length']]}")
+    cuts = sorted({min(c, len(body)) for c in framing["splits"]})
+    parts = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode(), [p for p in parts if p]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])
+@given(framing=framings)
+def test_any_framing_of_a_generation_gets_an_answer_or_a_clean_close(
+        departures: RoutedGroup, framing: dict[str, Any]) -> None:
+    """Exact, chunked, too short and too long bodies, HTTP/1.0 and 1.1,
+    `expect: 100-continue`, the body over several writes: the router answers (an OpenAI
+    error where the framing is wrong) or closes the connection, and never hangs."""
+    port = int(departures.router.url.rsplit(":", 1)[1])
+    head, parts = _framed(port, framing)
+
+    async def exchange() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(head)
+            for part in parts:
+                await writer.drain()
+                writer.write(part)
+            if framing["length"] == "long":
+                writer.write_eof()  # the client is done: the declared rest never comes
+            await writer.drain()
+            async with asyncio.timeout(20.0):
+                answer = await reader.read()  # to the router's close, or its answer's end
+                while answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+                    answer = answer[len(b"HTTP/1.1 100 Continue\r\n\r\n"):]
+                if framing["length"] in ("exact", "chunked"):  # a well-framed request
+                    assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
+                elif answer:
+                    status = int(answer.split(b" ", 2)[1])
+                    assert status < 500 or status in (502, 503, 504), answer[:300]
+        finally:
+            writer.close()
+
+    asyncio.run(exchange())
+    _assert_clean(departures)
