@@ -4,16 +4,20 @@ then exits; a stream longer than the drain timeout is cut when it runs out."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import signal
 import threading
 import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
-from tests.drills.conftest import MODEL, DrillFactory, chat_body
-from tests.fixtures.procs import wait_until
+from tests.drills.conftest import MODEL, DrillFactory, Outcome, call, chat_body
+from tests.fixtures.departures import STAGES, Departure, leave
+from tests.fixtures.procs import eventually, wait_until
 from tests.fixtures.redis import RedisServer
 from tests.fixtures.router import RouterFactory
 from tests.fixtures.sim import SimGroup
@@ -136,3 +140,43 @@ def test_workers_drain_too(router: RouterFactory, sim_group: Callable[..., SimGr
     assert seen["status"] == 200 and seen["done"] is True and seen["error"] is None, seen
     proc.wait(20)
     assert r.process.output().count("drained: no request in progress") == 2
+
+
+@pytest.mark.parametrize("seed", [3, 17])
+def test_sigterm_amid_leaving_clients_drains_and_exits_clean(drill: DrillFactory,
+                                                              seed: int) -> None:
+    """SIGTERM while clients leave at every point of their requests
+    (tests/fixtures/departures.py) and others stream: every client that stays gets a
+    whole answer or the OpenAI 503 of a draining router, the process drains and exits
+    within its drain timeout, logs no traceback, and the engines end with nothing running."""
+    d = drill(env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "10"})
+    port = int(d.url.rsplit(":", 1)[1])
+    rng = random.Random(seed)
+    plans = [Departure(rng.choice(STAGES), rng.randint(0, 4000), rng.random() < 0.5,
+                       rng.randint(1, 40)) for _ in range(24)]
+
+    async def scenario() -> list[Outcome]:
+        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+            url = f"{d.url}/v1/chat/completions"
+            stayers = [asyncio.ensure_future(call(client, url, chat_body(max_tokens=60)))
+                       for _ in range(6)]
+            leavers = asyncio.gather(*(leave(port, plan) for plan in plans),
+                                     return_exceptions=True)  # refused once draining
+            await eventually(lambda: d.router.ready()["inflight_total"] > 0, 10.0,
+                             "requests in flight")
+            d.router.process.signal(signal.SIGTERM)
+            await leavers
+            return list(await asyncio.gather(*stayers))
+
+    outcomes = asyncio.run(scenario())
+    for o in outcomes:
+        assert o.ok or (o.status == 503 and o.error), o
+    proc = d.router.process.proc
+    assert proc is not None
+    proc.wait(20)  # uvicorn re-raises the SIGTERM it handled once it has shut down
+    output = d.router.process.output()
+    assert "drained: no request in progress" in output, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    sim = d.sim()
+    wait_until(lambda: all(sim.state(p)["running"] == 0 and sim.state(p)["waiting"] == 0
+                           for p in ("eagle", "baseline")), 15.0, "the engines to be idle")
