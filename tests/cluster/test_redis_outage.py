@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.conftest import MODEL, Cluster, ClusterFactory, Held, Replica, in_thread
+from tests.fixtures.departures import STAGES, Departure, leave
 from tests.fixtures.procs import wait_until
 from tests.fixtures.redis import RedisServer
 from tests.fixtures.router import RouterFactory
@@ -171,3 +173,37 @@ def test_router_starts_with_redis_down_and_seeds_it_when_it_appears(
         assert replica.version() == 1
     finally:
         redis.stop()
+
+
+def test_counts_of_clients_leaving_across_a_redis_outage_end_at_zero(
+        replicas: ClusterFactory) -> None:
+    """Clients leaving at every point of their requests (tests/fixtures/departures.py)
+    before, during and after a Redis outage, over three replicas: once Redis is back,
+    every replica's cluster view, every local count and Redis itself are at zero."""
+    c = replicas(policy=POLICY, ttl_s=1.0, time_scale=0.05)
+    rng = random.Random(5)
+    ports = [int(r.url.rsplit(":", 1)[1]) for r in c.replicas]
+
+    async def batch() -> None:
+        plans = [Departure(rng.choice(STAGES), rng.randint(0, 4000), rng.random() < 0.5,
+                           rng.randint(1, 40)) for _ in range(18)]
+        async with asyncio.timeout(60.0):
+            await asyncio.gather(*(leave(ports[i % len(ports)], plan)
+                                   for i, plan in enumerate(plans)))
+
+    asyncio.run(batch())
+    c.redis.kill()
+    c.wait_all(lambda r: r.state()["degraded"], 10.0, "every replica reporting degraded")
+    asyncio.run(batch())
+    c.redis.start()
+    c.wait_all(lambda r: r.state()["connected"], 10.0, "every replica connected again")
+    asyncio.run(batch())
+    c.wait_all(lambda r: sum(r.cluster_inflight().values()) == 0, 10.0,
+               "every replica's cluster view at zero")
+    assert not any(c.total_local().values()), c.total_local()
+    redis = c.redis.client()
+    wait_until(lambda: not list(redis.scan_iter(f"{c.prefix}:inflight:*")), 5.0,
+               "no in-flight hash left in redis")
+    for r in c.replicas:
+        output = r.proc.process.output()
+        assert "Traceback" not in output, output[-3000:]
