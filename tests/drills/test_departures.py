@@ -298,3 +298,62 @@ def test_any_framing_of_a_generation_gets_an_answer_or_a_clean_close(
 
     asyncio.run(exchange())
     _assert_clean(departures)
+
+
+ADMIN = "departures-admin-token-5e1b"
+policies = st.one_of(
+    st.fixed_dictionaries({"strategy": st.just("threshold"), "switch_up": st.sampled_from([2, 3]),
+                           "switch_down": st.sampled_from([0, 1]),
+                           "load_signal": st.sampled_from(["inflight", "max"])}),
+    st.fixed_dictionaries({"strategy": st.just("overflow"), "eagle_cap": st.integers(1, 3)}),
+    st.fixed_dictionaries({"strategy": st.just("online"),
+                           "online_min_dwell_s": st.sampled_from([0.0, 0.5])}),
+    st.fixed_dictionaries({"strategy": st.just("goodput"),
+                           "goodput_min_dwell_s": st.sampled_from([0.0, 0.5])}),
+    st.fixed_dictionaries({"mode": st.sampled_from(["eagle", "baseline", "auto"])}),
+)
+
+
+@pytest.fixture(scope="module")
+def administered() -> Iterator[RoutedGroup]:
+    started: list[Any] = []
+    try:
+        sim, eagle, baseline = start_sim_group(started, time_scale=0.05)
+        env = {"SPECROUTER_ADMIN_TOKEN": ADMIN, "SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0",
+               "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
+        proc = start_router(started, group_backends(eagle, baseline), env=env)
+        yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
+    finally:
+        for p in reversed(started):
+            p.stop()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])
+@given(changes=st.lists(policies, min_size=1, max_size=4),
+       batch=st.lists(departure_plans, min_size=2, max_size=12), readers=st.integers(2, 8))
+def test_policy_changes_amid_traffic_and_leaving_clients(
+        administered: RoutedGroup, changes: list[dict[str, Any]], batch: list[Departure],
+        readers: int) -> None:
+    """The admin changes the strategy, its parameters and the mode while streams run and
+    clients leave: each write is applied, every client that stays gets a whole answer,
+    and nothing is left behind."""
+    port = int(administered.router.url.rsplit(":", 1)[1])
+    url = f"{administered.router.url}/v1/chat/completions"
+    auth = {"authorization": f"Bearer {ADMIN}"}
+
+    async def run() -> list[Outcome]:
+        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+            stayers = asyncio.gather(*(call(client, url, chat_body(max_tokens=30))
+                                       for _ in range(readers)))
+            leavers = asyncio.gather(*(leave(port, plan) for plan in batch))
+            for change in changes:
+                written = await client.put(f"{administered.router.url}/policy", json=change,
+                                           headers=auth)
+                assert written.status_code == 200, written.text
+            await leavers
+            return list(await stayers)
+
+    outcomes = asyncio.run(run())
+    assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok]
+    _assert_clean(administered)
