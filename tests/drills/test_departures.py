@@ -117,7 +117,7 @@ def test_a_client_leaving_a_stream_with_a_request_pipelined_behind_it(
     _assert_clean(departures)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])
 @given(eagle=faults, baseline=faults, batch=st.lists(departure_plans, min_size=2, max_size=16),
        readers=st.integers(1, 8), stream=st.booleans())
@@ -263,7 +263,7 @@ def _framed(port: int, framing: dict[str, Any]) -> tuple[bytes, list[bytes]]:
     return ("\r\n".join(lines) + "\r\n\r\n").encode(), [p for p in parts if p]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
           HealthCheck.function_scoped_fixture])
 @given(framing=framings)
 def test_any_framing_of_a_generation_gets_an_answer_or_a_clean_close(
