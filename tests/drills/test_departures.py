@@ -285,7 +285,12 @@ def test_any_framing_of_a_generation_gets_an_answer_or_a_clean_close(
                 writer.write_eof()  # the client is done: the declared rest never comes
             await writer.drain()
             async with asyncio.timeout(20.0):
-                answer = await reader.read()  # to the router's close, or its answer's end
+                try:
+                    answer = await reader.read()  # to the router's close
+                except ConnectionResetError:
+                    # closed with the bytes past the declared length unread: TCP resets
+                    assert framing["length"] == "short"
+                    return
                 while answer.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
                     answer = answer[len(b"HTTP/1.1 100 Continue\r\n\r\n"):]
                 if framing["length"] in ("exact", "chunked"):  # a well-framed request
