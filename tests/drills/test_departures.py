@@ -8,7 +8,10 @@ coroutine path both serve such requests (a body over several reads, a pipelined 
 a request finding no idle upstream connection), so the departures reach every stage of
 both. Properties, after every batch: the router still answers, nothing is left in flight
 (read over HTTP), the engines run nothing of the departed requests (each was aborted by
-its rid or finished), and no traceback was logged.
+its rid or finished), and no traceback was logged. The same hold with engines failing,
+with a group switching pools (recalls and handovers), with the policy rewritten
+mid-traffic, and for every framing of a request body; the clients that stay get a whole
+answer or a clear error. The clients are `tests/fixtures/departures.py`.
 """
 
 from __future__ import annotations
