@@ -16,7 +16,7 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster.conftest import MODEL, Cluster, ClusterFactory, Held, Replica, in_thread
-from tests.fixtures.departures import STAGES, Departure, leave
+from tests.fixtures.departures import leave_all, random_departures
 from tests.fixtures.procs import wait_until
 from tests.fixtures.redis import RedisServer
 from tests.fixtures.router import RouterFactory
@@ -184,20 +184,13 @@ def test_counts_of_clients_leaving_across_a_redis_outage_end_at_zero(
     rng = random.Random(5)
     ports = [int(r.url.rsplit(":", 1)[1]) for r in c.replicas]
 
-    async def batch() -> None:
-        plans = [Departure(rng.choice(STAGES), rng.randint(0, 4000), rng.random() < 0.5,
-                           rng.randint(1, 40)) for _ in range(18)]
-        async with asyncio.timeout(60.0):
-            await asyncio.gather(*(leave(ports[i % len(ports)], plan)
-                                   for i, plan in enumerate(plans)))
-
-    asyncio.run(batch())
+    asyncio.run(leave_all(ports, random_departures(rng, 18)))
     c.redis.kill()
     c.wait_all(lambda r: r.state()["degraded"], 10.0, "every replica reporting degraded")
-    asyncio.run(batch())
+    asyncio.run(leave_all(ports, random_departures(rng, 18)))
     c.redis.start()
     c.wait_all(lambda r: r.state()["connected"], 10.0, "every replica connected again")
-    asyncio.run(batch())
+    asyncio.run(leave_all(ports, random_departures(rng, 18)))
     c.wait_all(lambda r: sum(r.cluster_inflight().values()) == 0, 10.0,
                "every replica's cluster view at zero")
     assert not any(c.total_local().values()), c.total_local()

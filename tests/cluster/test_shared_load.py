@@ -12,7 +12,7 @@ import time
 import httpx
 
 from tests.cluster.conftest import Cluster, ClusterFactory, Held, in_thread
-from tests.fixtures.departures import STAGES, Departure, leave
+from tests.fixtures.departures import leave_all, random_departures
 from tests.fixtures.procs import wait_until
 
 CAP = 4
@@ -155,15 +155,8 @@ def test_clients_leaving_anywhere_leave_no_count_in_the_cluster(replicas: Cluste
     rng = random.Random(11)
     ports = [int(r.url.rsplit(":", 1)[1]) for r in c.replicas]
 
-    async def batch() -> None:
-        plans = [Departure(rng.choice(STAGES), rng.randint(0, 4000), rng.random() < 0.5,
-                           rng.randint(1, 40)) for _ in range(24)]
-        async with asyncio.timeout(60.0):
-            await asyncio.gather(*(leave(ports[i % len(ports)], plan)
-                                   for i, plan in enumerate(plans)))
-
     for _ in range(3):
-        asyncio.run(batch())
+        asyncio.run(leave_all(ports, random_departures(rng, 24)))
     _converged(c, 0)
     assert not any(c.total_local().values()), c.total_local()
     redis = c.redis.client()

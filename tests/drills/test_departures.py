@@ -17,6 +17,7 @@ answer or a clear error. The clients are `tests/fixtures/departures.py`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -36,29 +37,43 @@ from tests.drills.conftest import (
     call,
     chat_body,
 )
-from tests.fixtures.departures import Departure, departure_plans, leave, request_bytes
+from tests.fixtures.departures import (
+    Departure,
+    departure_plans,
+    leave,
+    leave_all,
+    request_bytes,
+)
 from tests.fixtures.procs import eventually, wait_until
 from tests.fixtures.router import RoutedGroup, group_backends, start_router, start_sim_group
+
+
+@contextlib.contextmanager
+def _routed_group(env: dict[str, str]) -> Iterator[RoutedGroup]:
+    """One simulated group behind a router with `env`, and a short abandoned hold: an
+    abort the engine does not acknowledge frees its count within it."""
+    started: list[Any] = []
+    try:
+        sim, eagle, baseline = start_sim_group(started, time_scale=0.05)
+        proc = start_router(started, group_backends(eagle, baseline),
+                            env={"SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0", **env})
+        yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
+    finally:
+        for p in reversed(started):
+            p.stop()
 
 
 @pytest.fixture(scope="module", params=["callback-path", "coroutine-path"])
 def departures(request: pytest.FixtureRequest) -> Iterator[RoutedGroup]:
     """The router with its callback path (the default), and with every request on the
-    app's coroutine path."""
-    started: list[Any] = []
-    try:
-        sim, eagle, baseline = start_sim_group(started, time_scale=0.05)
-        # a short hold: an abort the engine does not acknowledge frees its count within it;
-        # fast health checks and breakers: a failing engine's breaker closes again soon
-        env = {"SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0",
-               "SPECROUTER_HEALTH": json.dumps(FAST_HEALTH),
-               "SPECROUTER_BREAKER": json.dumps(FAST_BREAKER),
-               "SPECROUTER_LISTEN__CALLBACK_PATH": str(request.param == "callback-path")}
-        proc = start_router(started, group_backends(eagle, baseline), env=env)
-        yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
-    finally:
-        for p in reversed(started):
-            p.stop()
+    app's coroutine path; fast health checks and breakers, so that a failing engine's
+    breaker closes again soon."""
+    with _routed_group({
+        "SPECROUTER_HEALTH": json.dumps(FAST_HEALTH),
+        "SPECROUTER_BREAKER": json.dumps(FAST_BREAKER),
+        "SPECROUTER_LISTEN__CALLBACK_PATH": str(request.param == "callback-path"),
+    }) as group:
+        yield group
 
 
 def _assert_clean(group: RoutedGroup) -> None:
@@ -101,11 +116,7 @@ def test_clients_leaving_anywhere_leave_nothing_behind(departures: RoutedGroup,
                                                        batch: list[Departure]) -> None:
     port = int(departures.router.url.rsplit(":", 1)[1])
 
-    async def run() -> None:
-        async with asyncio.timeout(30.0):
-            await asyncio.gather(*(leave(port, plan) for plan in batch))
-
-    asyncio.run(run())
+    asyncio.run(leave_all([port], batch, timeout=30.0))
     _assert_clean(departures)
 
 
@@ -156,19 +167,11 @@ def switching() -> Iterator[RoutedGroup]:
     """A group that switches pools with every few requests (the threshold strategy at
     exact in-flight counts: EAGLE-3 at 0-1 in flight, the baseline from 2 on), so streams
     are recalled before their first byte and handed over after it."""
-    started: list[Any] = []
-    try:
-        sim, eagle, baseline = start_sim_group(started, time_scale=0.05)
-        policy = {"strategy": "threshold", "switch_up": 2, "switch_down": 0,
-                  "load_signal": "inflight"}
-        env = {"SPECROUTER_POLICY": json.dumps(policy),
-               "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0",
-               "SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0"}
-        proc = start_router(started, group_backends(eagle, baseline), env=env)
-        yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
-    finally:
-        for p in reversed(started):
-            p.stop()
+    policy = {"strategy": "threshold", "switch_up": 2, "switch_down": 0,
+              "load_signal": "inflight"}
+    with _routed_group({"SPECROUTER_POLICY": json.dumps(policy),
+                        "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}) as group:
+        yield group
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -324,16 +327,10 @@ policies = st.one_of(
 
 @pytest.fixture(scope="module")
 def administered() -> Iterator[RoutedGroup]:
-    started: list[Any] = []
-    try:
-        sim, eagle, baseline = start_sim_group(started, time_scale=0.05)
-        env = {"SPECROUTER_ADMIN_TOKEN": ADMIN, "SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0",
-               "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
-        proc = start_router(started, group_backends(eagle, baseline), env=env)
-        yield RoutedGroup(router=proc, eagle_url=eagle, baseline_url=baseline, sim=sim)
-    finally:
-        for p in reversed(started):
-            p.stop()
+    """A router whose policy the tests rewrite over `/policy`."""
+    with _routed_group({"SPECROUTER_ADMIN_TOKEN": ADMIN,
+                        "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}) as group:
+        yield group
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.drills.conftest import MODEL, DrillFactory, Outcome, call, chat_body
-from tests.fixtures.departures import STAGES, Departure, leave
+from tests.fixtures.departures import leave, random_departures
 from tests.fixtures.procs import eventually, wait_until
 from tests.fixtures.redis import RedisServer
 from tests.fixtures.router import RouterFactory
@@ -152,8 +152,7 @@ def test_sigterm_amid_leaving_clients_drains_and_exits_clean(drill: DrillFactory
     d = drill(env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "10"})
     port = int(d.url.rsplit(":", 1)[1])
     rng = random.Random(seed)
-    plans = [Departure(rng.choice(STAGES), rng.randint(0, 4000), rng.random() < 0.5,
-                       rng.randint(1, 40)) for _ in range(24)]
+    plans = random_departures(rng, 24)
 
     async def scenario() -> list[Outcome]:
         async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
