@@ -135,10 +135,14 @@ class HealthRecord:
             self.last_error = error
         self._changed_from(before)
 
+    def unchanged_by(self, ok: bool) -> bool:
+        """Whether an outcome changes nothing: a success in a closed breaker."""
+        return ok and self.breaker.closed
+
     def record_outcome(self, ok: bool, now: float, error: str | None = None) -> None:
         """A real request ended: ok=False for connection errors and 5xx."""
-        if ok and self.breaker.closed:
-            return  # a success changes nothing in a closed breaker
+        if self.unchanged_by(ok):
+            return
         before = self._health_state()
         if ok:
             self.breaker.record_success(now)

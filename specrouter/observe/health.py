@@ -100,8 +100,8 @@ class HealthChecker:
 
     def record_outcome(self, name: str, ok: bool, error: str | None = None) -> None:
         record = self.records[name]
-        if ok and record.breaker.closed:
-            return  # a success changes nothing in a closed breaker (`HealthRecord`)
+        if record.unchanged_by(ok):
+            return  # no clock read, no transition to log
         record.record_outcome(ok, self._clock(), error)
         self._log_transition(name)
 

@@ -319,7 +319,7 @@ class LoadAwareRouter:
         lookup = None
         if self._affinity is not None:
             lookup = self._affinity.lookup(request.prefix, request.session)
-        affinity = (None if lookup is None or len(groups) < 2  # one group: nothing to weigh
+        affinity = (None if lookup is None
                     else group_affinity(lookup, groups, request.session, self._prices,
                                         self._session_home, self._group_of))
         group = choose_group(groups, policy.load_signal, self._rng, affinity)

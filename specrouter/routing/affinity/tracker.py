@@ -204,8 +204,9 @@ def group_affinity(lookup: Lookup | None, groups: Sequence[GroupView], session: 
     the whole prompt, so every replica places a session in the same group (load
     permitting), at the price of placing new sessions by hash rather than by load.
     `group_of` (each backend's group) spares a pass over every group's servers: only
-    the servers believed to hold something are looked at."""
-    if lookup is None:
+    the servers believed to hold something are looked at. With one group there is
+    nothing to weigh: None."""
+    if lookup is None or len(groups) < 2:
         return None
     held: dict[str, float] = {}
     holders = [(name, tokens) for name, tokens in lookup.held.items() if tokens > 0]
