@@ -197,12 +197,6 @@ def test_switching_groups_and_leaving_clients_together(
     _assert_clean(switching)
 
 
-def _handovers(group: RoutedGroup) -> float:
-    text = httpx.get(f"{group.router.url}/metrics", timeout=5.0).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("specrouter_handovers_total"))
-
-
 def test_a_handed_over_stream_with_a_request_pipelined_behind_it_learns_its_client_left(
         switching: RoutedGroup) -> None:
     """A stream handed over mid-way goes on through uvicorn's `send`; with a request
@@ -221,13 +215,13 @@ def test_a_handed_over_stream_with_a_request_pipelined_behind_it_learns_its_clie
         writer.write(head + body + head + body)
         await reader.readuntil(b"\r\n\r\n")
         await reader.readuntil(b"\r\n")  # its first event is on its way: past the first byte
-        before = _handovers(switching)
+        before = switching.counted("specrouter_handovers")
         async with httpx.AsyncClient(timeout=30.0) as client:
             # two more streams take the group to the baseline: the first stream moves
             others = [asyncio.ensure_future(call(client, url, chat_body(max_tokens=8)))
                       for _ in range(2)]
-            await eventually(lambda: _handovers(switching) > before, timeout=10.0,
-                             what="the stream to be handed over")
+            await eventually(lambda: switching.counted("specrouter_handovers") > before,
+                             timeout=10.0, what="the stream to be handed over")
             writer.close()
             assert all(o.ok for o in await asyncio.gather(*others))
 

@@ -14,9 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RoutedGroup
@@ -27,20 +25,12 @@ POLICY = {"strategy": "threshold", "switch_up": 2, "switch_down": 0, "load_signa
 ENV = {"SPECROUTER_POLICY": json.dumps(POLICY), "SPECROUTER_ADMISSION__ARRIVAL_WINDOW_MS": "0"}
 
 
-def _counted(group: RoutedGroup, name: str) -> float:
-    text = httpx.get(f"{group.router.url}/metrics", timeout=5.0).text
-    for family in text_string_to_metric_families(text):
-        if family.name == name:
-            return sum(s.value for s in family.samples if s.name.endswith("_total"))
-    raise AssertionError(f"no {name} series in /metrics")
-
-
 def _recalls(group: RoutedGroup) -> float:
-    return _counted(group, "specrouter_recalls")
+    return group.counted("specrouter_recalls")
 
 
 def _handovers(group: RoutedGroup) -> float:
-    return _counted(group, "specrouter_handovers")
+    return group.counted("specrouter_handovers")
 
 
 async def _story(client: openai.AsyncOpenAI, tokens: int,
