@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specrouter.config import Settings
+from specrouter.edge.accept import ACCEPT_RESERVE
 from specrouter.edge.guard import MAX_PENDING_REFUSALS
 
 log = logging.getLogger("specrouter.commands.descriptors")
@@ -49,7 +50,7 @@ class DescriptorBudget:
     """How the soft RLIMIT_NOFILE is shared out."""
 
     limit: int  # soft RLIMIT_NOFILE in force
-    reserve: int  # process, health checks, telemetry, Redis, pending refusals
+    reserve: int  # process, health checks, telemetry, Redis, pending refusals, accept bursts
     backends: int
     max_connections: int  # client connections (limits.max_connections in force)
     max_idle_per_backend: int  # idle upstream keep-alive connections per backend
@@ -117,7 +118,7 @@ def raise_soft_limit() -> int:
 def reserve_for(settings: Settings) -> int:
     redis = REDIS_RESERVE if settings.redis_url is not None else 0
     return (PROCESS_RESERVE + PER_BACKEND_RESERVE * len(settings.backends) + redis
-            + MAX_PENDING_REFUSALS)
+            + MAX_PENDING_REFUSALS + ACCEPT_RESERVE)
 
 
 def plan_budget(settings: Settings, limit: int) -> DescriptorBudget:

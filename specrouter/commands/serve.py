@@ -41,7 +41,7 @@ from specrouter.commands.descriptors import (
 )
 from specrouter.config import ConfigError, Settings, load_settings, parse_backend_spec
 from specrouter.control.metrics import MULTIPROC_ENV, shared_metrics_dir
-from specrouter.edge import Lifecycle, guard
+from specrouter.edge import Lifecycle, accept, guard
 
 log = logging.getLogger("specrouter.commands.serve")
 
@@ -136,7 +136,8 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return dict(
         host=settings.listen.host,
         port=settings.listen.port,
-        loop="uvloop",
+        # uvloop, accepting a burst of new connections in one turn (edge/accept.py)
+        loop=accept.LOOP,
         # httptools plus request-head size and time limits (slowloris, huge headers) and
         # the connection limit enforced at accept (the descriptor budget).
         http=guard.PROTOCOL,

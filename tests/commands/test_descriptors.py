@@ -33,7 +33,7 @@ def test_the_configured_limits_stay_when_they_fit() -> None:
     assert budget.needed <= budget.limit
 
 
-@pytest.mark.parametrize("limit", [128, 256, 1024, 4096])
+@pytest.mark.parametrize("limit", [192, 256, 1024, 4096])
 def test_limits_are_lowered_to_fit_with_the_reserve_kept(limit: int) -> None:
     budget = plan_budget(_settings(), limit)
     assert budget.lowered
