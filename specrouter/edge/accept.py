@@ -69,6 +69,7 @@ class BurstAcceptor:
         self._sock.setblocking(False)
         self._retry: asyncio.TimerHandle | None = None
         self._closed = False
+        self._adopting: set[asyncio.Task[None]] = set()  # held until the transport is made
         self._watch()
 
     def _watch(self) -> None:
@@ -88,7 +89,9 @@ class BurstAcceptor:
                 self._step_aside(exc)
                 return
             conn.setblocking(False)
-            self._loop.create_task(self._adopt(conn))
+            task = self._loop.create_task(self._adopt(conn))
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
 
     def _step_aside(self, exc: OSError) -> None:
         if exc.errno not in _OUT_OF_DESCRIPTORS:
