@@ -1,4 +1,4 @@
-"""`python -m loadtest run|sweep|trace|openloop|overhead|peer|alternatives ...`.
+"""`python -m loadtest run|sweep|trace|openloop|overhead|peer|alternatives|connect-burst ...`.
 
 The scenarios are listed in loadtest/__init__.py.
 """
@@ -135,14 +135,23 @@ def _one_line(s: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from loadtest.scenarios import agentic, alternatives, openloop, overhead, peer, sweep, trace
+    from loadtest.scenarios import (
+        agentic,
+        alternatives,
+        connect_burst,
+        openloop,
+        overhead,
+        peer,
+        sweep,
+        trace,
+    )
 
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_arguments(sub.add_parser("run", help="load any OpenAI-compatible endpoint"))
     for name, module in (("sweep", sweep), ("trace", trace), ("openloop", openloop),
                          ("overhead", overhead), ("peer", peer), ("agentic", agentic),
-                         ("alternatives", alternatives)):
+                         ("alternatives", alternatives), ("connect-burst", connect_burst)):
         p = sub.add_parser(name, help=(module.__doc__ or "").splitlines()[0])
         add_common(p, time_scale=module.DEFAULT_TIME_SCALE)
         p.add_argument("--quick", action="store_true", help="a short smoke version")
@@ -154,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 load_trace(args.trace)  # a bad trace fails before any request is sent
             return cmd_run(args)
         module = {"sweep": sweep, "trace": trace, "openloop": openloop, "overhead": overhead,
-                  "peer": peer, "agentic": agentic, "alternatives": alternatives}[args.command]
+                  "peer": peer, "agentic": agentic, "alternatives": alternatives,
+                  "connect-burst": connect_burst}[args.command]
         result = module.main(args)
     except (ValueError, RuntimeError, OSError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -24,10 +24,10 @@ from typing import Any
 
 from loadtest import plots, report
 from loadtest.metrics import write_json
-from loadtest.scenarios import agentic, openloop, overhead, peer, sweep, trace
+from loadtest.scenarios import agentic, connect_burst, openloop, overhead, peer, sweep, trace
 
 SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "agentic", "overhead",
-             "overhead-eagle", "overhead-pools", "peer")
+             "overhead-eagle", "overhead-pools", "peer", "connect-burst")
 
 # Per-profile simulator time scale of the sweep: h200-llama3-8b relays ~5,000 chunks/s at
 # concurrency 64 at time scale 1; at 0.1 that would be 50,000/s, far beyond 2 cores.
@@ -168,6 +168,7 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
          lambda: {"scenario": "overhead", **overhead.measure(
              overhead_settings(args, out, overhead.TWO_POOLS))}),
         ("peer", "peer", lambda: _peer(args, out)),
+        ("connect-burst", "connect-burst", lambda: connect_burst.run(_burst_settings(args))),
     ]
     for name, key, job in jobs:
         if name in wanted:
@@ -183,6 +184,11 @@ def _peer(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     if not args.quick:  # 3 levels x 5 paths: about 5 minutes
         s.rounds, s.seconds, s.rate_seconds = 2, 4.0, 3.0
     return peer.side_by_side(s)
+
+
+def _burst_settings(args: argparse.Namespace) -> connect_burst.BurstSettings:
+    s = connect_burst.BurstSettings()
+    return connect_burst.quick(s) if args.quick else s
 
 
 def _merge_meta(out: Path, command: str, started: str, commit: str,
@@ -206,7 +212,7 @@ def load_results(folder: Path) -> dict[str, Any]:
     """The scenario results a previous run wrote (same keys as `run_all`)."""
     results: dict[str, Any] = {}
     keys = ["sweep", *(f"trace:{spec['trace']}" for spec in TRACES.values()), "openloop",
-            "agentic", "overhead", "overhead-eagle", "overhead-pools", "peer"]
+            "agentic", "overhead", "overhead-eagle", "overhead-pools", "peer", "connect-burst"]
     for key in keys:
         path = folder / f"{key.replace(':', '-')}.json"
         if path.is_file():

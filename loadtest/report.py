@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from loadtest.scenarios import openloop
+from loadtest.scenarios import connect_burst, openloop
 from loadtest.scenarios.overhead import P50_TARGET_MS, P99_TARGET_MS, side_by_side_lines
 from loadtest.scenarios.sweep import LATENCY_TARGET, THROUGHPUT_TARGET
 from loadtest.scenarios.trace import GOODPUT_TARGET
@@ -747,6 +747,8 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
                                       results.get("overhead-pools"))
         body += part
         misses += miss
+    if "connect-burst" in results:
+        body += connect_burst.lines(results["connect-burst"])
     lines += ["## Targets missed", ""]
     lines += [f"- {m}" for m in misses] if misses else ["None of the checked targets."]
     lines += ["", *body]
