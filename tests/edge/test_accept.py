@@ -10,12 +10,17 @@ from collections.abc import Callable
 from typing import cast
 
 import pytest
+import uvicorn
 import uvloop
 
-from specrouter.edge import accept
-from specrouter.edge.accept import BurstAcceptLoop, BurstServer
+from specrouter.commands.serve import uvicorn_options
+from specrouter.config import load_settings
+from specrouter.edge.accept import ACCEPT_BURST, BurstAcceptLoop, BurstServer
 
-BURST = 64
+BURST = 2 * ACCEPT_BURST
+#: Turns a queued burst of BURST may take: two of accepting, then each connection's
+#: adoption task and its `connection_made`, with room to spare; libuv alone takes BURST.
+FEW_TURNS = 8
 
 
 class Counted(asyncio.Protocol):
@@ -84,7 +89,7 @@ def _run(factory: Callable[[], asyncio.AbstractEventLoop], main: Callable[[], ob
 
 def test_a_burst_of_connections_is_accepted_in_a_few_turns() -> None:
     turns = _run(BurstAcceptLoop, lambda: _turns_to_accept(BURST))
-    assert isinstance(turns, int) and turns <= 4, turns
+    assert isinstance(turns, int) and turns <= FEW_TURNS, turns
 
 
 def test_uvloop_alone_accepts_one_connection_per_turn() -> None:
@@ -96,16 +101,10 @@ def test_uvloop_alone_accepts_one_connection_per_turn() -> None:
 
 
 def test_serve_runs_on_the_burst_accept_loop() -> None:
-    from specrouter.commands.serve import uvicorn_options
-    from specrouter.config import load_settings
-
     settings = load_settings(overrides={"backends": [
         {"name": "b", "url": "http://127.0.0.1:9", "pool": "eagle", "group": "g"}]})
-    import uvicorn
-
     config = uvicorn.Config(lambda: None, **uvicorn_options(settings))
     assert config.get_loop_factory() is BurstAcceptLoop
-    assert accept.LOOP.endswith(":BurstAcceptLoop")
 
 
 async def _closed_server_refuses() -> None:
@@ -156,7 +155,7 @@ async def _steps_aside() -> None:
         assert await _turns_on(server, BURST) >= BURST - 2
         acceptor._retry.cancel()
         acceptor._watch()  # as its retry does
-        assert await _turns_on(server, BURST) <= 4
+        assert await _turns_on(server, BURST) <= FEW_TURNS
     finally:
         server.close()
 
