@@ -24,6 +24,12 @@ from specrouter.sim.gpu import SharedGpu, SimClock
 from specrouter.sim.profile import EngineDefaults, Profile, engine_limits
 from specrouter.sim.version import V0_5_23, SglangVersion
 
+#: How long SGLang's server keeps an idle keep-alive connection open: uvicorn's
+#: `timeout_keep_alive`, `SGLANG_TIMEOUT_KEEP_ALIVE` (default 5 in 0.5.23 and 0.5.10;
+#: srt/environ.py:337, srt/entrypoints/http_server.py:2999). Like SGLang, the servers run
+#: on uvloop (`cli.py`), whose libuv accepts one connection per turn of the loop.
+SGLANG_KEEP_ALIVE_S = 5
+
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
@@ -131,7 +137,7 @@ async def serve_group(profile: Profile, specs: list[EngineSpec], *, host: str, g
         config = uvicorn.Config(build_app(sim), host=host, port=spec.port, loop="none",
                                 http="httptools", lifespan="off", log_level="warning",
                                 access_log=False, timeout_graceful_shutdown=1,
-                                timeout_keep_alive=30, backlog=4096)
+                                timeout_keep_alive=SGLANG_KEEP_ALIVE_S, backlog=4096)
         server = _Server(config)
         sim.listener = Listener(server, host, spec.port)
         servers.append(server)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Callable
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from specrouter.sim.server import SGLANG_KEEP_ALIVE_S
 from tests.fixtures.sim import SimGroup
 
 LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"}
@@ -168,3 +171,19 @@ def test_api_key(sim_group: Callable[..., SimGroup]) -> None:
     assert "sekret-key" not in " ".join(group.process.argv)
     assert "sekret-key" not in httpx.get(
         f"{url}/server_info", headers={"Authorization": "Bearer sekret-key"}).text
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_sglang_s_timeout(
+        group: SimGroup) -> None:
+    """SGLang closes a keep-alive connection idle for `SGLANG_TIMEOUT_KEEP_ALIVE` (5 s):
+    a router's idle pool meets those closes, and so must it against the simulator."""
+    host, port = group.eagle_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"GET /v1/models HTTP/1.1\r\nhost: sim\r\n\r\n")
+        answered = conn.recv(65536)
+        assert answered.startswith(b"HTTP/1.1 200")
+        idle_from = time.monotonic()
+        while conn.recv(65536):  # the rest of the answer, then the server's close (EOF)
+            pass
+        idle_s = time.monotonic() - idle_from
+    assert SGLANG_KEEP_ALIVE_S - 0.5 <= idle_s < 3 * SGLANG_KEEP_ALIVE_S, idle_s
