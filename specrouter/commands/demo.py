@@ -26,7 +26,6 @@ from specrouter.commands.children import die_with_parent
 from specrouter.commands.descriptors import DescriptorBudgetError, fit_descriptor_budget
 from specrouter.commands.serve import uvicorn_config
 from specrouter.config import ConfigError, Settings, load_settings
-from specrouter.edge.accept import BurstAcceptLoop
 
 GROUP = "gpu0"
 
@@ -173,10 +172,7 @@ def run(args: argparse.Namespace) -> int:
             ],
         })
         settings = fit_descriptor_budget(settings).apply(settings)
-        # the loop `serve` runs the router on (uvicorn's `loop=` applies to `Server.run` only)
-        with asyncio.Runner(loop_factory=BurstAcceptLoop) as runner:
-            runner.run(_serve_and_announce(settings,
-                                           banner(f"http://{args.host}:{args.port}", model)))
+        asyncio.run(_serve_and_announce(settings, banner(f"http://{args.host}:{args.port}", model)))
     except (RuntimeError, ConfigError, DescriptorBudgetError) as exc:
         print(f"specrouter demo: {exc}", file=sys.stderr)
         return 1
