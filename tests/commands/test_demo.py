@@ -37,6 +37,7 @@ def test_demo_commands_work_as_printed_and_ctrl_c_stops_everything(
     engines = _engines(demo)
     demo.signal(signal.SIGINT)
     assert demo.proc is not None and demo.proc.wait(30) == 0
+    assert "Traceback" not in demo.output(), demo.output()[-3000:]  # a clean Ctrl-C
     for url in (f"http://127.0.0.1:{port}", *engines):
         try:
             httpx.get(f"{url}/health", timeout=1.0)
