@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -194,14 +195,22 @@ def serve(settings: Settings, config_file: str | None = None,
     options = uvicorn_options(settings)
     options["timeout_graceful_shutdown"] = 1.0  # the drain already waited
     if settings.workers <= 1 and not os.environ.get(MULTIPROC_ENV):
-        uvicorn.Server(uvicorn.Config(APP_FACTORY, factory=True, **options)).run()
+        _run_one(uvicorn.Config(APP_FACTORY, factory=True, **options))
         return
     # Workers share their metrics through files in a directory of this start only.
     with shared_metrics_dir():
         if settings.workers <= 1:
-            uvicorn.Server(uvicorn.Config(APP_FACTORY, factory=True, **options)).run()
+            _run_one(uvicorn.Config(APP_FACTORY, factory=True, **options))
         else:
             uvicorn.run(APP_FACTORY, factory=True, workers=settings.workers, **options)
+
+
+def _run_one(config: uvicorn.Config) -> None:
+    """One server process until it has shut down. uvicorn raises a SIGINT it handled again
+    once it has shut down, and asyncio's runner may turn that into KeyboardInterrupt;
+    the process then ends quietly, as `uvicorn.run` ends it."""
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(config).run()
 
 
 def app_from_env() -> Any:
@@ -246,12 +255,28 @@ def _drain_on_signals(lifecycle: Lifecycle, drain_timeout_s: float) -> None:
 
 def _draining_handler(loop: asyncio.AbstractEventLoop, lifecycle: Lifecycle,
                       drain_timeout_s: float, original: Any) -> Any:
+    """The first signal drains, then hands the signal to uvicorn (`original`). A second
+    SIGINT hands it over at once, and the drain's end then does not hand it over again:
+    uvicorn takes a second SIGINT as a forced exit, which skips the lifespan shutdown
+    (the router's pollers, its state store). A third forces the exit."""
+    told = False  # uvicorn's handler has run
+
+    def tell_uvicorn(sig: int, frame: FrameType | None) -> None:
+        nonlocal told
+        told = True
+        original(sig, frame)
+
+    def after_drain(sig: int, frame: FrameType | None) -> None:
+        if not told:
+            tell_uvicorn(sig, frame)
+
     def handler(sig: int, frame: FrameType | None) -> None:
         if not lifecycle.draining:
             lifecycle.draining = True
-            loop.call_soon_threadsafe(_start_drain, lifecycle, drain_timeout_s, original, sig)
+            loop.call_soon_threadsafe(_start_drain, lifecycle, drain_timeout_s, after_drain,
+                                      sig)
         elif sig == signal.SIGINT:
-            original(sig, frame)
+            tell_uvicorn(sig, frame)
 
     return handler
 

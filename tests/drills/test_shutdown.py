@@ -79,6 +79,27 @@ def test_sigterm_drains_ready_503_new_requests_refused_stream_finishes(
     assert "draining: /ready is 503" in log and "drained: no request in progress" in log, log
 
 
+def test_a_second_ctrl_c_skips_the_drain_but_not_the_shutdown(drill: DrillFactory) -> None:
+    """Ctrl-C drains; a second Ctrl-C during the drain ends it, and the router still runs
+    its lifespan shutdown (a forced exit would skip it) and exits quietly (uvicorn still
+    logs the stream it cancels at its graceful timeout)."""
+    d = drill(time_scale=1.0, env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "30"})
+    thread, seen = _stream_in_thread(d.url, max_tokens=1500)  # far longer than the test
+    d.router.process.signal(signal.SIGINT)
+    wait_until(lambda: "draining: /ready is 503" in d.router.process.output(), 5.0,
+               "the drain to start")
+    d.router.process.signal(signal.SIGINT)
+    proc = d.router.process.proc
+    assert proc is not None
+    proc.wait(15)  # the drain's 30 s not waited
+    thread.join(15)
+    assert seen["done"] is not True, seen  # the stream was cut, not finished
+    output = d.router.process.output()
+    assert "Application shutdown complete" in output, output[-4000:]
+    assert "KeyboardInterrupt" not in output, output[-4000:]
+    assert proc.returncode == 0
+
+
 def test_drain_timeout_cuts_a_longer_stream_then_exits(drill: DrillFactory) -> None:
     d = drill(time_scale=1.0, env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "1"})
     thread, seen = _stream_in_thread(d.url, max_tokens=3000)  # a minute at real pace
