@@ -26,7 +26,7 @@ from loadtest.metrics import RequestResult, percentile, write_json
 from loadtest.procs import Stack
 from loadtest.promptset import RequestShape, load_prompts
 from loadtest.scenarios.common import run_async
-from loadtest.scenarios.overhead import DIRECT, SPECROUTER, start_specrouter
+from loadtest.scenarios.overhead import DIRECT, SPECROUTER, _num, start_specrouter
 from loadtest.scenarios.peer import PEER_KEY, peer_available, start_sglang_router
 
 DEFAULT_TIME_SCALE = 1.0
@@ -89,10 +89,6 @@ def run(s: BurstSettings) -> dict[str, Any]:
                       for name in paths}}
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
-
-
 def lines(result: dict[str, Any]) -> list[str]:
     """The scenario's section of docs/benchmarks.md."""
     s = result["settings"]
@@ -104,8 +100,8 @@ def lines(result: dict[str, Any]) -> list[str]:
            "| path | burst p50 ms | p99 ms | slowest ms | failed | busy clients' req/s |",
            "|---|---|---|---|---|---|"]
     for name, f in result["paths"].items():
-        out.append(f"| {name} | {_ms(f['burst_p50_ms'])} | {_ms(f['burst_p99_ms'])} | "
-                   f"{_ms(f['burst_max_ms'])} | {f['burst_failed']} of "
+        out.append(f"| {name} | {_num(f['burst_p50_ms'], 0)} | {_num(f['burst_p99_ms'], 0)} | "
+                   f"{_num(f['burst_max_ms'], 0)} | {f['burst_failed']} of "
                    f"{f['burst_requests']} | {f['busy_req_s']:.0f} |")
     return [*out, ""]
 
