@@ -196,10 +196,18 @@ class TelemetrySettings(_Section):
 
     A sample older than 3 intervals is ignored (the load falls back to the router's own
     in-flight count), so a slow or dead server cannot pin a stale load on its group.
+
+    A server whose last sample showed it idle, while no replica has a request in flight
+    to its group, is polled every `idle_interval_s` instead (its sample then holds for 3 of
+    those; a value below `interval_s` counts as `interval_s`): its load changes only when a
+    request reaches it, and the router's own request brings the poll back to `interval_s`
+    within one interval. Work that reaches it past the router shows within
+    `idle_interval_s`.
     """
 
     enabled: bool = True
     interval_s: float = Field(default=0.1, gt=0)
+    idle_interval_s: float = Field(default=1.0, gt=0)
     timeout_s: float = Field(default=2.0, gt=0)
     # The online cost model (routing/online.py): half-life of its readings, and the
     # pseudo-readings of its prior (a configured cost model seeds it instead).
@@ -213,6 +221,11 @@ class TelemetrySettings(_Section):
     # `note_load`): off by default, since on the agentic trace alone it moved groups to
     # the baseline sooner and lost goodput (docs/policy.md section 9, "KV room").
     learn_kv_room: bool = False
+
+    @property
+    def idle_poll_s(self) -> float:
+        """The idle servers' poll interval: never shorter than a busy server's."""
+        return max(self.idle_interval_s, self.interval_s)
 
 
 class CostProbeSettings(_Section):

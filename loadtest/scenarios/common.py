@@ -74,6 +74,7 @@ Progress = Callable[[str], None]
 # The router's own clocks (seconds at --time-scale 1): telemetry poll, active health
 # checks, and the goodput strategy's minimum dwell between switches.
 ROUTER_TELEMETRY_S = 0.1
+ROUTER_IDLE_TELEMETRY_S = 1.0
 ROUTER_HEALTH_S = 2.0
 ROUTER_DWELL_S = 1.0
 # the online strategy's defaults (OnlineParams, TelemetrySettings), scaled the same way
@@ -94,6 +95,7 @@ def router_time_env(time_scale: float) -> dict[str, str]:
     clock does not change.
     """
     return {"SPECROUTER_TELEMETRY__INTERVAL_S": repr(ROUTER_TELEMETRY_S * time_scale),
+            "SPECROUTER_TELEMETRY__IDLE_INTERVAL_S": repr(ROUTER_IDLE_TELEMETRY_S * time_scale),
             "SPECROUTER_HEALTH__INTERVAL_S": repr(ROUTER_HEALTH_S * time_scale),
             "SPECROUTER_TELEMETRY__SUSTAINED_S": repr(ROUTER_SUSTAINED_S * time_scale),
             "SPECROUTER_TELEMETRY__SUSTAINED_FALL_S": repr(ROUTER_SUSTAINED_FALL_S * time_scale),

@@ -297,6 +297,10 @@ class BackendLoad:
     accept_window: tuple[float, ...] | None = None
     accept_lifetime: float | None = None
     stale_reads: int = 0
+    # the poll interval the sample is judged by when it found the engine idle with nothing
+    # of the router's in flight to its group, and idle groups are polled more slowly
+    # (None: the caller's interval)
+    quiet_interval: float | None = None
 
     def engine_load(self, now: float, interval: float) -> float | None:
         """Credited engine load, or None when there is no fresh sample.
@@ -327,10 +331,16 @@ class BackendLoad:
         """Seconds since the engine took the snapshot behind the sample."""
         return None if self.sample is None else max(0.0, now - self.sample.taken_at)
 
+    def _judged_by(self, interval: float) -> float:
+        """The poll interval the sample ages by: an idle server's slower one, where its
+        sample found it idle (no count change moves it: the next sample does)."""
+        return interval if self.quiet_interval is None else max(interval, self.quiet_interval)
+
     def is_stale(self, now: float, interval: float) -> bool:
         age = self.age(now)
         if self.sample is None or age is None:
             return True
+        interval = self._judged_by(interval)
         return (now - self.sample.received_at > STALE_AFTER_INTERVALS * interval
                 or age > max(SNAPSHOT_MAX_AGE_S, STALE_AFTER_INTERVALS * interval))
 
@@ -341,6 +351,7 @@ class BackendLoad:
         stays stale until the next reading."""
         until = float("inf")
         if self.sample is not None and not self.is_stale(now, interval):
+            interval = self._judged_by(interval)
             until = min(self.sample.received_at + STALE_AFTER_INTERVALS * interval,
                         self.sample.taken_at
                         + max(SNAPSHOT_MAX_AGE_S, STALE_AFTER_INTERVALS * interval))
@@ -395,6 +406,9 @@ class LoadView:
     """
 
     poll_interval: float = 0.1
+    # how often a server is polled while its last sample found it idle and nothing of the
+    # router's was in flight to its group (None: `poll_interval`, as any other)
+    idle_poll_interval: float | None = None
     backends: dict[str, BackendLoad] = field(default_factory=dict)
     _version: int = field(default=0, init=False, repr=False, compare=False)
     _order: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
@@ -469,6 +483,9 @@ class LoadView:
         shift = sample.snapshot_age or 0.0
         b.sample, b.poll_sent_at = sample, None
         b.inflight_at_sample = b.history.peak(sent_at - shift, sample.received_at - shift)
+        b.quiet_interval = (self.idle_poll_interval if sample.total == 0
+                            and b.inflight_at_sample == 0
+                            and self._group_inflight[b.group] == 0 else None)
         b.take_accept(sample)
         if sample.accept_lifetime is not None:
             b.accept_lifetime = sample.accept_lifetime

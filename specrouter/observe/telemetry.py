@@ -248,6 +248,7 @@ class _PollState:
     # where the windowed accept length comes from ("metrics"), or why it does not
     accept: str | None = None
     accept_missing_logged: bool = False
+    idle: bool = False  # the last sample found the engine without a request
 
 
 @dataclass
@@ -267,6 +268,11 @@ class TelemetryPoller:
     SEARCH_INTERVAL_S (if that is longer than `interval`) until one answers, said once in
     the log each way.
 
+    A backend whose last sample found its engine idle is polled every `idle_interval`
+    unless `busy(name)` (the router's requests in flight to its group) says otherwise at
+    the poll; `wake(name)`, called as a request is routed to its group, ends that wait, so
+    the next poll comes within one interval of the last.
+
     `publish(name, sample)` and `publish_accept(name, sample)` are usually
     `LoadView.publish` and `LoadView.publish_accept`.
     """
@@ -278,6 +284,10 @@ class TelemetryPoller:
     # needs the in-flight count at the moment the engine took its snapshot)
     poll_started: Callable[[str, float], None] | None = None
     interval: float = 0.1
+    # an idle backend's poll interval (None: `interval`), and whether the router has
+    # requests in flight to a backend's group (None: never)
+    idle_interval: float | None = None
+    busy: Callable[[str], bool] | None = None
     timeout: float = 2.0
     accept_every: int = 5
     # None: the native keep-alive client (`observe.fetch`); an httpx client for tests
@@ -285,12 +295,13 @@ class TelemetryPoller:
     clock: Callable[[], float] = time.monotonic
     _states: dict[str, _PollState] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _wakes: dict[str, asyncio.Event] = field(default_factory=dict)
     _fetcher: TelemetryFetcher | None = None
     _local_log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
 
     def __post_init__(self) -> None:
-        if self.interval <= 0:
-            raise ValueError("interval must be positive")
+        if self.interval <= 0 or (self.idle_interval is not None and self.idle_interval <= 0):
+            raise ValueError("interval and idle_interval must be positive")
         if self.accept_every < 1:
             raise ValueError("accept_every must be at least 1")
         self._states = {b.name: _PollState() for b in self.backends}
@@ -300,11 +311,16 @@ class TelemetryPoller:
         return self._states[name].source
 
     def delay(self, name: str) -> float:
-        """The seconds from one poll of `name` to the next: `interval`, or
-        SEARCH_INTERVAL_S while no load endpoint of it answers (`SEARCH_MISSES`)."""
-        if self._states[name].misses < SEARCH_MISSES:
-            return self.interval
-        return max(self.interval, SEARCH_INTERVAL_S)
+        """The seconds from one poll of `name` to the next: `interval`; `idle_interval`
+        while its last sample found it idle and it is not `busy`; SEARCH_INTERVAL_S while
+        no load endpoint of it answers (`SEARCH_MISSES`). Never below `interval`."""
+        st = self._states[name]
+        if st.misses >= SEARCH_MISSES:
+            return max(self.interval, SEARCH_INTERVAL_S)
+        if st.idle and self.idle_interval is not None and not (
+                self.busy is not None and self.busy(name)):
+            return max(self.interval, self.idle_interval)
+        return self.interval
 
     def accept_status(self, name: str) -> str | None:
         """"metrics" when `name`'s windowed accept length is read, else why it is not
@@ -315,6 +331,7 @@ class TelemetryPoller:
         """Start one polling loop per backend (a hung one must not delay the others)."""
         if self._tasks:
             return
+        self._wakes = {b.name: asyncio.Event() for b in self.backends}  # on this loop
         self._tasks = [asyncio.create_task(self._run(b), name=f"telemetry-{b.name}")
                        for b in self.backends]
 
@@ -339,7 +356,26 @@ class TelemetryPoller:
                 await self.poll_once(backend)
             except Exception:  # a bug in one poll must not end telemetry for good
                 log.exception("telemetry poll of %s failed", backend.name)
-            await asyncio.sleep(max(0.0, self.delay(backend.name) - (self.clock() - started)))
+            await self._until_due(backend.name, started)
+
+    def wake(self, name: str) -> None:
+        """A request is routed to `name`: its wait for the next poll is read again."""
+        wake = self._wakes.get(name)
+        if wake is not None:
+            wake.set()
+
+    async def _until_due(self, name: str, started: float) -> None:
+        """Sleep until `delay(name)` has passed since `started`; a `wake` reads the delay
+        again, so a backend that turned busy is polled within one interval."""
+        wake = self._wakes[name]
+        wake.clear()
+        while (left := self.delay(name) - (self.clock() - started)) > 0:
+            try:
+                async with asyncio.timeout(left):
+                    await wake.wait()
+            except TimeoutError:
+                return
+            wake.clear()
 
     async def poll_once(self, backend: Backend) -> EngineSample | None:
         """One poll of one backend; never raises for network or payload trouble."""
@@ -361,7 +397,7 @@ class TelemetryPoller:
         for source in order:
             sample = await self._try(backend, source)
             if sample is not None:
-                st.source = source
+                st.source, st.idle = source, sample.total == 0
                 self._answered(backend, st, source)
                 self.publish(backend.name, sample)
                 if backend.pool == "eagle":

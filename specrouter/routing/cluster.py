@@ -7,7 +7,7 @@ delta since the sample is exact.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -45,6 +45,11 @@ class ClusterCounts:
         lease = self._leases.pop(key, None)
         if lease is not None:
             lease.release()  # idempotent: a second release never unbalances a count
+
+    def inflight(self, backends: Iterable[str]) -> int:
+        """The cluster-wide in-flight count of `backends` as last read from the store."""
+        counts = self.state.store.cluster_inflight()
+        return sum(counts.get(name, 0) for name in backends)
 
     def merged(self, groups: tuple[GroupView, ...]) -> tuple[GroupView, ...]:
         """`groups` with each backend's in-flight at least the cluster's count."""

@@ -40,7 +40,10 @@ class BackendMonitor:
         self.on_accept: Callable[[str], None] = lambda _group: None
         self.on_capacity: Callable[[str, int], None] = lambda _backend, _kv: None
         self._groups = {b.name: b.group for b in self.backends}
-        self.view = LoadView(poll_interval=telemetry.interval_s)
+        self._members = {g: tuple(b.name for b in self.backends if b.group == g)
+                         for g in self._groups.values()}
+        self.view = LoadView(poll_interval=telemetry.interval_s,
+                             idle_poll_interval=telemetry.idle_poll_s)
         for b in self.backends:
             self.view.add_backend(b.name, b.group, b.pool)
         self.learning = CostLearning(self.view, half_life_s=telemetry.learn_half_life_s,
@@ -55,8 +58,17 @@ class BackendMonitor:
                 backends=self.backends,
                 publish=self._publish_sample, publish_accept=self._publish_accept,
                 poll_started=self.view.poll_started,
-                interval=telemetry.interval_s, timeout=telemetry.timeout_s,
+                interval=telemetry.interval_s, idle_interval=telemetry.idle_poll_s,
+                busy=self.busy, timeout=telemetry.timeout_s,
             )
+
+    def busy(self, backend: str) -> bool:
+        """Whether any replica has a request in flight to `backend`'s group (its servers
+        share a GPU: what one runs changes the other's steps)."""
+        group = self._groups[backend]
+        if self.view.group_inflight(group) > 0:
+            return True
+        return self.cluster is not None and self.cluster.inflight(self._members[group]) > 0
 
     def groups(self, now: float, exclude: frozenset[str] = frozenset(),
                sustained: bool = True) -> tuple[GroupView, ...]:
@@ -90,6 +102,10 @@ class BackendMonitor:
         `prompt_tokens` (0: not known); `own`: the router's own (`Target.own`)."""
         now = self.clock()
         self.view.acquire(backend, now)
+        group = self._groups[backend]
+        if self.poller is not None and self.view.group_inflight(group) == 1:
+            for name in self._members[group]:  # an idle group's next polls come within
+                self.poller.wake(name)  # an interval
         self.learning.inflight_changed(backend, now, +1 if own else 0)
         self.learning.admitted(backend, now, prefill_tokens, prompt_tokens)
         if self.cluster is not None:

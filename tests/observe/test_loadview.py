@@ -374,3 +374,33 @@ def test_inflight_history_spans_match_a_walk_from_the_oldest_change() -> None:
                 t = rng.choice(h.changes)[0]
                 assert h._spans(t, t + 0.5) == _spans_by_a_forward_walk(h, t, t + 0.5)
                 assert h._spans(t - 0.5, t) == _spans_by_a_forward_walk(h, t - 0.5, t)
+
+
+def test_an_idle_engines_sample_holds_for_three_idle_polls() -> None:
+    lv = LoadView(poll_interval=0.1, idle_poll_interval=1.0)
+    lv.add_backend("e0", "gpu0", "eagle")
+    lv.add_backend("b0", "gpu0", "baseline")
+    lv.publish("e0", EngineSample(0, 0, 10.0))  # idle, nothing of ours in flight
+    lv.publish("b0", EngineSample(2, 0, 10.0))  # busy: judged by the busy interval
+    assert not lv.backend_view("e0", 12.9).stale
+    assert lv.backend_view("e0", 13.1).stale
+    assert lv.backend_view("b0", 10.29).engine == 2.0
+    assert lv.backend_view("b0", 10.31).stale
+    # A request routed after the idle sample is credited on it until the next poll.
+    lv.acquire("e0", 11.0)
+    assert lv.backend_view("e0", 11.0).engine == 1.0
+    # A sample taken while a request of ours was in flight to the group ages by the busy
+    # interval, the other server's too.
+    lv.publish("e0", EngineSample(0, 0, 11.05))
+    lv.publish("b0", EngineSample(0, 0, 11.05))
+    assert not lv.backend_view("e0", 11.34).stale
+    assert not lv.backend_view("b0", 11.34).stale
+    assert lv.backend_view("b0", 11.36).stale
+    assert lv.backend_view("e0", 11.36).stale
+
+
+def test_without_an_idle_interval_every_sample_ages_by_the_poll_interval() -> None:
+    lv = view()
+    lv.publish("e0", EngineSample(0, 0, 10.0))
+    assert not lv.backend_view("e0", 10.29).stale
+    assert lv.backend_view("e0", 10.31).stale
