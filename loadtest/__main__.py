@@ -149,9 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     add_run_arguments(sub.add_parser("run", help="load any OpenAI-compatible endpoint"))
-    for name, module in (("sweep", sweep), ("trace", trace), ("openloop", openloop),
-                         ("overhead", overhead), ("peer", peer), ("agentic", agentic),
-                         ("alternatives", alternatives), ("connect-burst", connect_burst)):
+    scenarios = {"sweep": sweep, "trace": trace, "openloop": openloop, "overhead": overhead,
+                 "peer": peer, "agentic": agentic, "alternatives": alternatives,
+                 "connect-burst": connect_burst}
+    for name, module in scenarios.items():
         p = sub.add_parser(name, help=(module.__doc__ or "").splitlines()[0])
         add_common(p, time_scale=module.DEFAULT_TIME_SCALE)
         p.add_argument("--quick", action="store_true", help="a short smoke version")
@@ -162,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.trace:
                 load_trace(args.trace)  # a bad trace fails before any request is sent
             return cmd_run(args)
-        module = {"sweep": sweep, "trace": trace, "openloop": openloop, "overhead": overhead,
-                  "peer": peer, "agentic": agentic, "alternatives": alternatives,
-                  "connect-burst": connect_burst}[args.command]
-        result = module.main(args)
+        result = scenarios[args.command].main(args)
     except (ValueError, RuntimeError, OSError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

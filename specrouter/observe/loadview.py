@@ -466,6 +466,10 @@ class LoadView:
         self._group_inflight[b.group] -= 1
         self._counted.add(name)
 
+    def members(self, group: str) -> tuple[str, ...]:
+        """`group`'s backends, sorted by name."""
+        return self._members[group]
+
     def group_inflight(self, group: str) -> int:
         """The in-flight count summed over `group`'s backends (0 for an unknown group)."""
         return self._group_inflight.get(group, 0)

@@ -40,8 +40,6 @@ class BackendMonitor:
         self.on_accept: Callable[[str], None] = lambda _group: None
         self.on_capacity: Callable[[str, int], None] = lambda _backend, _kv: None
         self._groups = {b.name: b.group for b in self.backends}
-        self._members = {g: tuple(b.name for b in self.backends if b.group == g)
-                         for g in self._groups.values()}
         self.view = LoadView(poll_interval=telemetry.interval_s,
                              idle_poll_interval=telemetry.idle_poll_s)
         for b in self.backends:
@@ -68,7 +66,7 @@ class BackendMonitor:
         group = self._groups[backend]
         if self.view.group_inflight(group) > 0:
             return True
-        return self.cluster is not None and self.cluster.inflight(self._members[group]) > 0
+        return self.cluster is not None and self.cluster.inflight(self.view.members(group)) > 0
 
     def groups(self, now: float, exclude: frozenset[str] = frozenset(),
                sustained: bool = True) -> tuple[GroupView, ...]:
@@ -104,7 +102,7 @@ class BackendMonitor:
         self.view.acquire(backend, now)
         group = self._groups[backend]
         if self.poller is not None and self.view.group_inflight(group) == 1:
-            for name in self._members[group]:  # an idle group's next polls come within
+            for name in self.view.members(group):  # an idle group's next polls come within
                 self.poller.wake(name)  # an interval
         self.learning.inflight_changed(backend, now, +1 if own else 0)
         self.learning.admitted(backend, now, prefill_tokens, prompt_tokens)
