@@ -32,12 +32,11 @@ redis:
 	fi
 
 # The whole suite against the simulator speaking SGLang 0.5.23 (its default), then the
-# integration suite again against 0.5.10: the router meets both releases. Three workers
-# (pytest-xdist) on two cores: most tests wait on processes and sockets, not on the CPU
-# (the suite took 5.5 minutes with three, 8 with two, on one 2-core host).
+# integration suite again against 0.5.10: the router meets both releases. Two workers
+# (pytest-xdist): most tests wait on processes and sockets, not on the CPU.
 test: $(STAMP) redis
-	$(VENV)/bin/pytest -q -n 3
-	SPECROUTER_SIM_SGLANG_VERSION=0.5.10 $(VENV)/bin/pytest -q -n 3 tests/integration
+	$(VENV)/bin/pytest -q -n 2
+	SPECROUTER_SIM_SGLANG_VERSION=0.5.10 $(VENV)/bin/pytest -q -n 2 tests/integration
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specrouter tests loadtest
