@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from loadtest import loopback
 from loadtest.generator import LoadGenerator
 from loadtest.metrics import SLO, RequestResult, summarize, write_csv, write_json
 from loadtest.promptset import DEFAULT_PROMPTS, RequestShape, load_prompts
@@ -75,7 +76,7 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
 def _model(args: argparse.Namespace, headers: dict[str, str]) -> str:
     if args.model:
         return str(args.model)
-    response = httpx.get(f"{args.url.rstrip('/')}/v1/models", headers=headers, timeout=10.0)
+    response = loopback.get(f"{args.url.rstrip('/')}/v1/models", headers=headers, timeout=10.0)
     response.raise_for_status()
     return str(response.json()["data"][0]["id"])
 

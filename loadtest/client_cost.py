@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
+from loadtest import loopback
 from loadtest.generator import LoadGenerator
 from loadtest.procs import Stack, served_model
 from loadtest.promptset import PromptCycler, RequestShape, build_body, load_prompts
@@ -45,7 +46,7 @@ async def raw_client(url: str, shape: RequestShape) -> None:
 
 
 def _http() -> httpx.AsyncClient:
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=CONCURRENCY + 8),
+    return loopback.async_client(limits=httpx.Limits(max_connections=CONCURRENCY + 8),
                              timeout=600.0)
 
 

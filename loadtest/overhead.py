@@ -30,8 +30,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
+from loadtest import loopback
 from loadtest.procs import free_port, wait_http
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,7 +231,7 @@ def main() -> int:
             wait_http(f"http://127.0.0.1:{eagle_port}/v1/models", sim)
         wait_http(f"http://127.0.0.1:{router_port}/health", router)
         if args.model == "default" and args.target_port is None:
-            models = httpx.get(f"http://127.0.0.1:{eagle_port}/v1/models").json()
+            models = loopback.get(f"http://127.0.0.1:{eagle_port}/v1/models").json()
             args.model = models["data"][0]["id"]
         import uvloop
 

@@ -13,8 +13,7 @@ import argparse
 import asyncio
 import time
 
-import httpx
-
+from loadtest import loopback
 from loadtest.procs import Stack
 from loadtest.scenarios import overhead
 from specrouter.backends import Backend
@@ -26,7 +25,7 @@ async def cpu_per_poll(url: str, native: bool, polls: int) -> float:
     backend = Backend("e", url, "eagle", "g")
     view = LoadView()
     view.add_backend("e", "g", "eagle")
-    client = None if native else httpx.AsyncClient(timeout=2.0)
+    client = None if native else loopback.async_client(timeout=2.0)
     poller = TelemetryPoller([backend], view.publish, view.publish_accept, view.poll_started,
                              client=client)
     try:

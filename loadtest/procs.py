@@ -22,6 +22,8 @@ from typing import IO, Any
 import httpx
 import psutil
 
+from loadtest import loopback
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -39,7 +41,7 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) ->
         if proc.poll() is not None:
             raise RuntimeError(f"exited early (rc {proc.returncode}) while waiting for {url}")
         try:
-            if httpx.get(url, timeout=2.0).status_code < 500:
+            if loopback.get(url, timeout=2.0).status_code < 500:
                 return
         except httpx.HTTPError:
             pass
@@ -265,7 +267,7 @@ class Stack:
 
 def served_model(base_url: str) -> str:
     """The first model id a server lists (what requests must name)."""
-    data = httpx.get(f"{base_url}/v1/models", timeout=10.0).json()
+    data = loopback.get(f"{base_url}/v1/models", timeout=10.0).json()
     return str(data["data"][0]["id"])
 
 
@@ -278,7 +280,7 @@ def sim_options() -> str:
 
 def sim_state(base_url: str) -> dict[str, Any]:
     """GET /sim/state of one simulated engine (its counters)."""
-    data: dict[str, Any] = httpx.get(f"{base_url}/sim/state", timeout=10.0).json()
+    data: dict[str, Any] = loopback.get(f"{base_url}/sim/state", timeout=10.0).json()
     return data
 
 
@@ -287,7 +289,7 @@ def flush_cache(base_url: str) -> None:
     is busy, e.g. answering a health check or finishing an abandoned request, so it is asked
     again for up to 30 s."""
     for _ in range(600):
-        response = httpx.post(f"{base_url}/flush_cache", timeout=10.0)
+        response = loopback.post(f"{base_url}/flush_cache", timeout=10.0)
         if response.status_code == 200 and "not be performed" not in response.text[:40]:
             return
         time.sleep(0.05)
@@ -306,7 +308,7 @@ def reset_engines(urls: Iterable[str], seed: int) -> None:
 
 def sim_control(base_url: str, fields: dict[str, Any]) -> None:
     """POST /sim/control on one simulated engine (faults, accept length)."""
-    response = httpx.post(f"{base_url}/sim/control", json=fields, timeout=10.0)
+    response = loopback.post(f"{base_url}/sim/control", json=fields, timeout=10.0)
     if response.status_code >= 300:
         raise RuntimeError(f"{base_url}/sim/control {fields}: HTTP {response.status_code} "
                            f"{response.text[:200]}")

@@ -32,9 +32,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import httpx
 import psutil
 
+from loadtest import loopback
 from loadtest.client import ConnectionPool, encode, stream_request
 from loadtest.metrics import RequestResult
 from loadtest.procs import Stack, served_model
@@ -104,7 +104,7 @@ def rss_mib(pid: int) -> float:
 
 
 def router_inflight(url: str) -> int:
-    total: int = httpx.get(f"{url}/ready", timeout=5.0).json()["inflight_total"]
+    total: int = loopback.get(f"{url}/ready", timeout=5.0).json()["inflight_total"]
     return total
 
 

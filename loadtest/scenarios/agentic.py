@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from loadtest import loopback
 from loadtest.agentic import (
     AgenticShape,
     Player,
@@ -257,7 +258,7 @@ def _router_affinity(url: str) -> Any:
     """The router's affinity state after a level (GET /policy `affinity`: hits, and per
     backend the observed cache retention), None when it cannot be read."""
     try:
-        return httpx.get(url.rstrip("/") + "/policy", timeout=5.0).json().get("affinity")
+        return loopback.get(url.rstrip("/") + "/policy", timeout=5.0).json().get("affinity")
     except (httpx.HTTPError, ValueError):
         return None
 

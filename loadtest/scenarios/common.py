@@ -8,6 +8,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from loadtest import loopback
 from loadtest.procs import cpu_times
 from loadtest.promptset import Prompt
 
@@ -183,7 +184,7 @@ def group_reports(router_url: str) -> list[dict[str, Any]]:
     import httpx
 
     try:
-        groups = httpx.get(f"{router_url}/policy", timeout=5.0).json().get("groups", [])
+        groups = loopback.get(f"{router_url}/policy", timeout=5.0).json().get("groups", [])
     except (httpx.HTTPError, ValueError):
         return []
     keep = ("group", "load", "sustained_load", "choice", "reason", "crossover",
@@ -199,7 +200,7 @@ def decision_counts(router_url: str) -> dict[str, float]:
     import httpx
 
     try:
-        text = httpx.get(f"{router_url}/metrics", timeout=5.0).text
+        text = loopback.get(f"{router_url}/metrics", timeout=5.0).text
     except httpx.HTTPError:
         return {}
     out: dict[str, float] = {}

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from loadtest import loopback
 from loadtest.generator import LoadGenerator, Phase
 from loadtest.metrics import SLO, RequestResult, summarize, write_json, write_tagged_csv
 from loadtest.procs import SimGroup, Stack, reset_engines, served_model, sim_control
@@ -85,7 +86,7 @@ class TraceSettings:
 async def _sample_policy(url: str, t0: float, samples: list[dict[str, Any]],
                          interval: float) -> None:
     """GET /policy periodically; stops quietly if the router has no such route."""
-    async with httpx.AsyncClient(timeout=2.0) as client:
+    async with loopback.async_client(timeout=2.0) as client:
         while True:
             try:
                 response = await client.get(f"{url}/policy")

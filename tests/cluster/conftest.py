@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.fixtures.redis import RedisServer
 from tests.fixtures.router import RouterFactory, RouterProc
@@ -32,7 +33,7 @@ LONG = 4000  # tokens: tens of seconds at the sim's real-time pace
 
 
 def get_json(url: str) -> dict[str, Any]:
-    result: dict[str, Any] = httpx.get(url, timeout=5.0).json()
+    result: dict[str, Any] = loopback.get(url, timeout=5.0).json()
     return result
 
 
@@ -66,11 +67,11 @@ class Replica:
         return {b["name"]: b["inflight"] for b in self.ready()["backends"]}
 
     def write(self, method: str, body: Mapping[str, Any]) -> httpx.Response:
-        return httpx.request(method, f"{self.url}/policy", json=dict(body), timeout=10.0,
+        return loopback.request(method, f"{self.url}/policy", json=dict(body), timeout=10.0,
                              headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
 
     def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=5.0).text
+        return loopback.get(f"{self.url}/metrics", timeout=5.0).text
 
 
 @dataclass
@@ -131,7 +132,7 @@ def replicas(
 class Held:
     """Streaming chat requests held open (httpx); closing one is a client disconnect."""
 
-    client: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=60.0))
+    client: httpx.AsyncClient = field(default_factory=lambda: loopback.async_client(timeout=60.0))
     stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
     routed: list[tuple[str, str]] = field(default_factory=list)  # (replica url, pool)
 

@@ -9,8 +9,7 @@ import random
 import signal
 import time
 
-import httpx
-
+from loadtest import loopback
 from tests.cluster.conftest import Cluster, ClusterFactory, Held, in_thread
 from tests.fixtures.departures import leave_all, random_departures
 from tests.fixtures.procs import wait_until
@@ -115,7 +114,7 @@ def test_every_request_path_releases_its_count(replicas: ClusterFactory) -> None
     c.group.control("baseline", cut_stream_after_tokens=3)
 
     async def scenario() -> None:
-        async with httpx.AsyncClient(timeout=30.0) as client:
+        async with loopback.async_client(timeout=30.0) as client:
             async def ask(i: int) -> tuple[int, str, bytes]:
                 body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                         "max_tokens": 16, "stream": i % 2 == 1, "ignore_eos": True}

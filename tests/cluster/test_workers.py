@@ -7,9 +7,9 @@ import json
 import subprocess
 from typing import Any
 
-import httpx
 import openai
 
+from loadtest import loopback
 from tests.cluster.conftest import ADMIN_TOKEN, MODEL
 from tests.fixtures.procs import specrouter_argv, wait_until
 from tests.fixtures.redis import RedisServer
@@ -33,7 +33,7 @@ def test_two_workers_share_the_policy_through_redis(
 
     def poll() -> None:
         # A fresh connection each time: the kernel hands it to either worker.
-        view = httpx.get(f"{proc.url}/policy", timeout=5.0).json()
+        view = loopback.get(f"{proc.url}/policy", timeout=5.0).json()
         seen[view["state"]["replica_id"]] = view["policy"]["version"]
 
     def both_workers_answered() -> bool:
@@ -48,7 +48,7 @@ def test_two_workers_share_the_policy_through_redis(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8)
         assert reply.choices[0].message.content
 
-    answer = httpx.patch(f"{proc.url}/policy", json={"switch_up": 33}, timeout=10.0,
+    answer = loopback.patch(f"{proc.url}/policy", json={"switch_up": 33}, timeout=10.0,
                          headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
     assert answer.status_code == 200, answer.text
 
@@ -86,15 +86,15 @@ def test_redis_password_never_shown(
     group = sim_group(time_scale=0.05)
     proc = router(_backends(group), extra_args=("--workers", "2", "--log-level", "debug"),
                   env={"SPECROUTER_REDIS_URL": server.url()})
-    wait_until(lambda: httpx.get(f"{proc.url}/ready", timeout=5.0).json()["state"]["connected"],
+    wait_until(lambda: loopback.get(f"{proc.url}/ready", timeout=5.0).json()["state"]["connected"],
                20.0, "connected to the password-protected redis")
-    shown = [httpx.get(f"{proc.url}{path}", timeout=5.0).text
+    shown = [loopback.get(f"{proc.url}{path}", timeout=5.0).text
              for path in ("/ready", "/policy", "/metrics")]
     assert "specrouter:***@127.0.0.1" in shown[0]  # the user stays, the password does not
     server.kill()  # failures are logged too: with the redacted URL only
-    wait_until(lambda: httpx.get(f"{proc.url}/ready", timeout=5.0).json()["state"]["degraded"],
+    wait_until(lambda: loopback.get(f"{proc.url}/ready", timeout=5.0).json()["state"]["degraded"],
                20.0, "degraded")
-    shown.append(httpx.get(f"{proc.url}/ready", timeout=5.0).text)
+    shown.append(loopback.get(f"{proc.url}/ready", timeout=5.0).text)
     proc.process.stop()
     log = proc.process.output()
     assert "unreachable" in log and "specrouter:***@" in log

@@ -11,6 +11,7 @@ import sys
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv, wait_until
 
 
@@ -40,7 +41,7 @@ def test_demo_commands_work_as_printed_and_ctrl_c_stops_everything(
     assert "Traceback" not in demo.output(), demo.output()[-3000:]  # a clean Ctrl-C
     for url in (f"http://127.0.0.1:{port}", *engines):
         try:
-            httpx.get(f"{url}/health", timeout=1.0)
+            loopback.get(f"{url}/health", timeout=1.0)
             raise AssertionError(f"{url} still answers after Ctrl-C")
         except httpx.ConnectError:
             pass
@@ -54,7 +55,7 @@ def _engines(demo: ManagedProcess) -> list[str]:
 
 def _refuses(url: str) -> bool:
     try:
-        httpx.get(f"{url}/health", timeout=1.0)
+        loopback.get(f"{url}/health", timeout=1.0)
     except httpx.ConnectError:
         return True
     except httpx.HTTPError:

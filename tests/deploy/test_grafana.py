@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import kubernetes_validate
 import openai
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from tests.deploy.test_compose import COMPOSE_DIR, raw_compose
 from tests.deploy.test_helm import KUBE_VERSION, by_kind, render
 from tests.fixtures.redis import RedisServer
@@ -103,7 +103,7 @@ def test_every_query_names_a_series_a_running_router_exports(
         stream = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True)
         assert [chunk for chunk in stream]
-    exposition = httpx.get(f"{proc.url}/metrics", timeout=5.0).text
+    exposition = loopback.get(f"{proc.url}/metrics", timeout=5.0).text
     exported = exported_names(exposition)
     assert "specrouter_time_to_first_token_seconds_bucket" in exported
     used = set().union(*(metric_names(q) for q in queries(dashboard())))

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv, wait_until
 
 SIM = str(Path(__file__).with_name("sim_as_sglang.py"))
@@ -26,10 +27,10 @@ def test_launch_pair_runs_two_simulated_servers(process_factory) -> None:
     process_factory.append(proc)
     wait_until(lambda: "pair is up" in proc.output(), 90, "both simulated servers ready")
     for port in (eagle_port, baseline_port):
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        models = loopback.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
         assert models["object"] == "list" and models["data"]
     proc.signal(signal.SIGTERM)
     assert proc.proc is not None and proc.proc.wait(60) == 0
     for port in (eagle_port, baseline_port):  # both servers are gone, not just the launcher
         with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            loopback.get(f"http://127.0.0.1:{port}/health", timeout=2)

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from prometheus_client import Gauge, values
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from specrouter.control.metrics import MULTIPROC_ENV, RouterMetrics
 from specrouter.routing.report import BackendLive, LiveMetrics
 from tests.fixtures.procs import wait_until
@@ -30,7 +30,7 @@ REQUESTS = 20
 
 def scrape(proc: RouterProc) -> dict[str, list[tuple[dict[str, str], float]]]:
     """One scrape on a fresh connection (the kernel hands it to either worker)."""
-    return _samples(httpx.get(f"{proc.url}/metrics", timeout=5.0).text)
+    return _samples(loopback.get(f"{proc.url}/metrics", timeout=5.0).text)
 
 
 def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RouterFactory, RouterProc
 from tests.fixtures.sim import SimGroup
@@ -101,7 +102,7 @@ async def run_load(url: str, count: int, concurrency: int, body: Mapping[str, An
     """`count` requests, `concurrency` at a time; every outcome, in completion order."""
     outcomes: list[Outcome] = []
     limit = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=30.0) as client:
+    async with loopback.async_client(timeout=30.0) as client:
         async def one() -> None:
             async with limit:
                 outcomes.append(await call(client, f"{url}/v1/chat/completions", body, headers))
@@ -112,7 +113,7 @@ async def run_load(url: str, count: int, concurrency: int, body: Mapping[str, An
 def assert_idle(router: RouterProc, timeout: float = 15.0) -> None:
     """In-flight counts back to zero, read over HTTP (/ready and the /policy live view)."""
     router.wait_idle(timeout)
-    view = httpx.get(f"{router.url}/policy", timeout=5.0).json()
+    view = loopback.get(f"{router.url}/policy", timeout=5.0).json()
     live = {b["name"]: b["inflight"] for b in view["backends"]}
     assert not any(live.values()), f"/policy live view still counts requests: {live}"
     ready = router.ready()

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import httpx
 
+from loadtest import loopback
 from tests.drills.hostile import HostileBackend, Received, Script, endless, fixed
 from tests.fixtures.procs import ManagedProcess
 from tests.fixtures.router import RouterProc, start_router
@@ -82,13 +83,13 @@ HEADS: dict[str, Script] = {
 
 
 def bad_answer(router: RouterProc, timeout: float = 60.0) -> httpx.Response:
-    return httpx.post(f"{router.url}/v1/chat/completions", timeout=timeout,
+    return loopback.post(f"{router.url}/v1/chat/completions", timeout=timeout,
                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
 
 
 async def _post_bodies(url: str, clients: int, size: int, done: list[httpx.Response]) -> None:
     body = b'{"model": "m", "prompt": "' + b"x" * (size - 30) + b'"}'
-    async with httpx.AsyncClient(timeout=120.0,
+    async with loopback.async_client(timeout=120.0,
                                  limits=httpx.Limits(max_connections=clients)) as client:
         async def one() -> None:
             done.append(await client.post(f"{url}/v1/completions", content=body,

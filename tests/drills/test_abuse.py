@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.drills.conftest import (
     ADMIN_TOKEN,
     MODEL,
@@ -64,7 +65,7 @@ def test_malformed_json_and_invalid_utf8_are_400(abused: Drill) -> None:
     url = f"{abused.url}/v1/chat/completions"
     for body in (b"{", b'{"model": "m", "messages": [}', b"\xff\xfe\xfd",
                  b'{"model": "\xff\xfe", "messages": []}', b"null", b"12"):
-        assert_openai_error(httpx.post(url, content=body, timeout=10.0), 400)
+        assert_openai_error(loopback.post(url, content=body, timeout=10.0), 400)
     assert abused.sim().state("eagle")["requests"] == 0
 
 
@@ -73,8 +74,8 @@ def test_wrong_types_get_the_engines_400_passed_through(abused: Drill) -> None:
     for bad in ({"stream": "maybe"}, {"messages": "not a list"}, {"max_tokens": "lots"},
                 {"messages": [{"content": "no role"}]}, {"stream_options": 3}):
         body = {**chat_body(4, stream=False), **bad}
-        routed = httpx.post(url, json=body, timeout=10.0)
-        direct = httpx.post(f"{abused.sim().eagle_url}/v1/chat/completions", json=body,
+        routed = loopback.post(url, json=body, timeout=10.0)
+        direct = loopback.post(f"{abused.sim().eagle_url}/v1/chat/completions", json=body,
                             timeout=10.0)
         assert routed.status_code == direct.status_code == 400, (bad, routed.text)
         assert routed.json() == direct.json()  # SGLang's own error, untouched
@@ -82,8 +83,8 @@ def test_wrong_types_get_the_engines_400_passed_through(abused: Drill) -> None:
 
 def test_model_no_server_has_gets_the_engines_answer(abused: Drill) -> None:
     body = {**chat_body(4, stream=False), "model": "no-such-model/at-all"}
-    routed = httpx.post(f"{abused.url}/v1/chat/completions", json=body, timeout=10.0)
-    direct = httpx.post(f"{abused.sim().eagle_url}/v1/chat/completions", json=body,
+    routed = loopback.post(f"{abused.url}/v1/chat/completions", json=body, timeout=10.0)
+    direct = loopback.post(f"{abused.sim().eagle_url}/v1/chat/completions", json=body,
                         timeout=10.0)
     assert routed.status_code == direct.status_code
     assert routed.json().keys() == direct.json().keys()
@@ -91,7 +92,7 @@ def test_model_no_server_has_gets_the_engines_answer(abused: Drill) -> None:
 
 def test_huge_body_is_413_before_it_is_read_whole(abused: Drill) -> None:
     big = b'{"prompt": "' + b"x" * (MAX_BODY * 4) + b'"}'
-    assert_openai_error(httpx.post(f"{abused.url}/v1/completions", content=big,
+    assert_openai_error(loopback.post(f"{abused.url}/v1/completions", content=big,
                                    timeout=10.0), 413)
 
 
@@ -105,7 +106,7 @@ def test_huge_header_is_431_and_the_router_keeps_serving(abused: Drill) -> None:
     many = b"".join(b"x-h%d: %s\r\n" % (i, b"v" * 100) for i in range(200))
     answer = raw_exchange(port, b"GET /health HTTP/1.1\r\nhost: x\r\n" + many + b"\r\n")
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
-    ok = httpx.post(f"{abused.url}/v1/chat/completions", json=chat_body(4, stream=False),
+    ok = loopback.post(f"{abused.url}/v1/chat/completions", json=chat_body(4, stream=False),
                     headers={"x-fine": "b" * 2000}, timeout=10.0)
     assert ok.status_code == 200
 
@@ -170,19 +171,19 @@ def test_concurrent_connection_limit_answers_503(abused: Drill) -> None:
     held = [socket.create_connection(("127.0.0.1", abused.router.port))
             for _ in range(MAX_CONNECTIONS)]
     try:  # accepted in order: the held connections count before this request's
-        refused = httpx.get(f"{abused.url}/v1/models", timeout=5.0)
+        refused = loopback.get(f"{abused.url}/v1/models", timeout=5.0)
         assert assert_openai_error(refused, 503)["code"] == "overloaded"
     finally:
         for sock in held:
             sock.close()
-    wait_until(lambda: httpx.get(f"{abused.url}/v1/models", timeout=5.0).status_code == 200,
+    wait_until(lambda: loopback.get(f"{abused.url}/v1/models", timeout=5.0).status_code == 200,
                10.0, "the limit to free up")
 
 
 def test_request_id_with_control_characters_is_not_reflected(abused: Drill) -> None:
     url = f"{abused.url}/v1/chat/completions"
     for bad in ("evil\tid", "a" * 200, "x y", "é-unicode"):
-        response = httpx.post(url, json=chat_body(2, stream=False), timeout=10.0,
+        response = loopback.post(url, json=chat_body(2, stream=False), timeout=10.0,
                               headers={b"x-request-id": bad.encode("utf-8")})
         rid = response.headers["x-request-id"]
         assert rid != bad and len(rid) == 32 and rid.isalnum(), rid
@@ -191,7 +192,7 @@ def test_request_id_with_control_characters_is_not_reflected(abused: Drill) -> N
                           b"GET /health HTTP/1.1\r\nhost: x\r\nx-request-id: a\rset-cookie: "
                           b"evil=1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400 ") and b"evil" not in answer, answer
-    ok = httpx.post(url, json=chat_body(2, stream=False), headers={"x-request-id": "id-42"},
+    ok = loopback.post(url, json=chat_body(2, stream=False), headers={"x-request-id": "id-42"},
                     timeout=10.0)
     assert ok.headers["x-request-id"] == "id-42"
 
@@ -205,7 +206,7 @@ def test_unknown_fields_reach_the_backend_byte_for_byte(router: RouterFactory) -
         body = (b'{ "model" : "m", "messages":[{"role":"user","content":"hi \\u00e9"}],'
                 b' "x_vendor": {"nested": [1, 2.50, null]}, "stream": false ,'
                 b'"zz_unknown":"\xc3\xa9"}')
-        response = httpx.post(f"{r.url}/v1/chat/completions", content=body,
+        response = loopback.post(f"{r.url}/v1/chat/completions", content=body,
                               headers={"content-type": "application/json"}, timeout=10.0)
         assert response.status_code == 200, response.text
         forwarded = tap.generation_requests()
@@ -218,24 +219,24 @@ def test_unknown_fields_reach_the_backend_byte_for_byte(router: RouterFactory) -
 
 def test_admin_writes_tokens_invalid_and_oversized_policies(abused: Drill) -> None:
     url = f"{abused.url}/policy"
-    version = httpx.get(url, timeout=5.0).json()["policy"]["version"]
+    version = loopback.get(url, timeout=5.0).json()["policy"]["version"]
     patch = {"mode": "baseline"}
-    assert httpx.patch(url, json=patch, timeout=5.0).status_code == 401
+    assert loopback.patch(url, json=patch, timeout=5.0).status_code == 401
     for token in ("wrong", ADMIN_TOKEN[:-1], ADMIN_TOKEN + "x", "x", ADMIN_TOKEN.upper()):
-        response = httpx.patch(url, json=patch, timeout=5.0,
+        response = loopback.patch(url, json=patch, timeout=5.0,
                                headers={"authorization": f"Bearer {token}"})
         assert response.status_code == 401, token
         assert ADMIN_TOKEN not in response.text
     auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-    invalid = httpx.patch(url, json={"mode": "sideways"}, headers=auth, timeout=5.0)
+    invalid = loopback.patch(url, json={"mode": "sideways"}, headers=auth, timeout=5.0)
     assert_openai_error(invalid, 422)
-    assert httpx.patch(url, content=b"{oops", headers=auth, timeout=5.0).status_code == 400
+    assert loopback.patch(url, content=b"{oops", headers=auth, timeout=5.0).status_code == 400
     huge = {"notes": "x" * (1 << 20)}
-    assert_openai_error(httpx.put(url, json=huge, headers=auth, timeout=5.0), 413)
-    after = httpx.get(url, timeout=5.0).json()["policy"]
+    assert_openai_error(loopback.put(url, json=huge, headers=auth, timeout=5.0), 413)
+    after = loopback.get(url, timeout=5.0).json()["policy"]
     assert after["version"] == version and after["mode"] != "sideways"  # old one kept
-    assert httpx.patch(url, json=patch, headers=auth, timeout=5.0).status_code == 200
-    assert httpx.get(url, timeout=5.0).json()["policy"]["mode"] == "baseline"
+    assert loopback.patch(url, json=patch, headers=auth, timeout=5.0).status_code == 200
+    assert loopback.get(url, timeout=5.0).json()["policy"]["mode"] == "baseline"
     assert MODEL  # the policy change did not touch the model routes
 
 
@@ -244,7 +245,7 @@ def test_a_lax_stream_flag_streams_through_the_router_as_on_the_engine(abused: D
     stream it (the router must not wait for a whole body that never comes)."""
     body = {**chat_body(4, stream=False), "stream": "yes"}
     for url in (abused.url, abused.sim().eagle_url):
-        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
+        with loopback.stream("POST", f"{url}/v1/chat/completions", json=body,
                           timeout=10.0) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]

@@ -9,8 +9,7 @@ import asyncio
 import signal
 import time
 
-import httpx
-
+from loadtest import loopback
 from tests.cluster.conftest import MODEL, Cluster, ClusterFactory, replicas  # noqa: F401
 from tests.drills.conftest import Outcome, call
 from tests.fixtures.procs import wait_until
@@ -21,7 +20,7 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_to
 
 async def _load_until(urls: list[str], stop: asyncio.Event, outcomes: list[Outcome],
                       latencies: list[float], per_url: int = 2) -> None:
-    async with httpx.AsyncClient(timeout=30.0) as client:
+    async with loopback.async_client(timeout=30.0) as client:
         async def worker(url: str) -> None:
             while not stop.is_set():
                 began = time.monotonic()
@@ -87,7 +86,7 @@ def test_replica_killed_mid_load_its_clients_see_errors_others_carry_on(
     long_body = {**BODY, "max_tokens": 400}
 
     async def scenario() -> tuple[list[Outcome | BaseException], list[Outcome]]:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with loopback.async_client(timeout=60.0) as client:
             on_victim = [asyncio.ensure_future(call(client, f"{c[0].url}/v1/chat/completions",
                                                     long_body, timeout=60.0))
                          for _ in range(2)]
@@ -114,7 +113,7 @@ def test_replica_killed_mid_load_its_clients_see_errors_others_carry_on(
 
 
 async def _short_load(urls: list[str]) -> list[Outcome]:
-    async with httpx.AsyncClient(timeout=30.0) as client:
+    async with loopback.async_client(timeout=30.0) as client:
         return list(await asyncio.gather(*(call(client, f"{u}/v1/chat/completions", BODY)
                                            for u in urls for _ in range(3))))
 
@@ -127,7 +126,7 @@ def test_sigterm_on_a_replica_drains_and_withdraws_its_counts(
     replica_id = leaving.state()["replica_id"]
 
     async def scenario() -> Outcome:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with loopback.async_client(timeout=60.0) as client:
             stream = asyncio.ensure_future(call(client, f"{leaving.url}/v1/chat/completions",
                                                 {**BODY, "max_tokens": 100}, timeout=60.0))
             await asyncio.to_thread(wait_until, lambda: sum(c[1].cluster_inflight().values())

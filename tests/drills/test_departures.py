@@ -22,11 +22,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loadtest import loopback
 from tests.drills.conftest import (
     FAST_BREAKER,
     FAST_HEALTH,
@@ -85,7 +85,7 @@ def _assert_clean(group: RoutedGroup) -> None:
     output = group.router.process.output()
     at = output.find("Traceback")
     assert at < 0, output[max(0, at - 1500):at + 5000]
-    answer = httpx.post(f"{group.router.url}/v1/chat/completions", timeout=20.0,
+    answer = loopback.post(f"{group.router.url}/v1/chat/completions", timeout=20.0,
                         json={"model": MODEL, "max_tokens": 2,
                               "messages": [{"role": "user", "content": "still there?"}]})
     assert answer.status_code == 200, answer.text[:300]
@@ -145,7 +145,7 @@ def test_failing_engines_and_leaving_clients_together(
     url = f"{departures.router.url}/v1/chat/completions"
 
     async def run() -> None:
-        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+        async with asyncio.timeout(60.0), loopback.async_client(timeout=30.0) as client:
             stayers = [call(client, url, chat_body(max_tokens=16, stream=stream))
                        for _ in range(readers)]
             await asyncio.gather(*stayers, *(leave(port, plan) for plan in batch))
@@ -186,7 +186,7 @@ def test_switching_groups_and_leaving_clients_together(
     url = f"{switching.router.url}/v1/chat/completions"
 
     async def run() -> list[Outcome]:
-        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+        async with asyncio.timeout(60.0), loopback.async_client(timeout=30.0) as client:
             stayers = asyncio.gather(*(call(client, url, chat_body(max_tokens=tokens))
                                        for _ in range(readers)))
             await asyncio.gather(*(leave(port, plan) for plan in batch))
@@ -207,7 +207,7 @@ def test_a_handed_over_stream_with_a_request_pipelined_behind_it_learns_its_clie
     url = f"{switching.router.url}/v1/chat/completions"
     # one answer on EAGLE-3 first: its upstream connection waits idle, so the stream
     # below starts on the callback path
-    assert httpx.post(url, json=chat_body(max_tokens=2, stream=False), timeout=20.0).is_success
+    assert loopback.post(url, json=chat_body(max_tokens=2, stream=False), timeout=20.0).is_success
 
     async def scenario() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -216,7 +216,7 @@ def test_a_handed_over_stream_with_a_request_pipelined_behind_it_learns_its_clie
         await reader.readuntil(b"\r\n\r\n")
         await reader.readuntil(b"\r\n")  # its first event is on its way: past the first byte
         before = switching.counted("specrouter_handovers")
-        async with httpx.AsyncClient(timeout=30.0) as client:
+        async with loopback.async_client(timeout=30.0) as client:
             # two more streams take the group to the baseline: the first stream moves
             others = [asyncio.ensure_future(call(client, url, chat_body(max_tokens=8)))
                       for _ in range(2)]
@@ -342,7 +342,7 @@ def test_policy_changes_amid_traffic_and_leaving_clients(
     auth = {"authorization": f"Bearer {ADMIN}"}
 
     async def run() -> list[Outcome]:
-        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+        async with asyncio.timeout(60.0), loopback.async_client(timeout=30.0) as client:
             stayers = asyncio.gather(*(call(client, url, chat_body(max_tokens=30))
                                        for _ in range(readers)))
             leavers = asyncio.gather(*(leave(port, plan) for plan in batch))

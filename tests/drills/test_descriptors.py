@@ -17,6 +17,7 @@ import re
 
 import httpx
 
+from loadtest import loopback
 from tests.drills.conftest import FAST_BREAKER, FAST_HEALTH, chat_body
 from tests.fixtures.procs import ManagedProcess, free_port, specrouter_argv, wait_until
 from tests.fixtures.sim import SimGroup
@@ -84,7 +85,7 @@ def test_idle_sockets_beyond_the_descriptor_budget_get_503_backends_stay_healthy
     assert "lowered from 4096 client connections" in proc.output()
 
     # One keep-alive connection, opened before the flood.
-    keep_alive = httpx.Client(timeout=10.0, limits=httpx.Limits(max_connections=1))
+    keep_alive = loopback.client(timeout=10.0, limits=httpx.Limits(max_connections=1))
     wait_until(lambda: _all_healthy(keep_alive, url), 20.0, "both backends healthy")
     body = chat_body(max_tokens=4, stream=False)
 
@@ -103,7 +104,7 @@ def test_idle_sockets_beyond_the_descriptor_budget_get_503_backends_stay_healthy
             answer = keep_alive.post(f"{url}/v1/chat/completions", json=body)
             assert answer.status_code == 200, answer.text
             assert answer.json()["choices"]
-            fresh = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10.0)
+            fresh = loopback.post(f"{url}/v1/chat/completions", json=body, timeout=10.0)
             assert fresh.status_code == 503, fresh.text
             assert fresh.json()["error"]["code"] == "overloaded"
             return refused, served
@@ -120,7 +121,7 @@ def test_idle_sockets_beyond_the_descriptor_budget_get_503_backends_stay_healthy
         assert json.loads(payload)["error"]["code"] == "overloaded"
 
     # The idle sockets closed: new clients are served again.
-    wait_until(lambda: httpx.post(f"{url}/v1/chat/completions", json=body,
+    wait_until(lambda: loopback.post(f"{url}/v1/chat/completions", json=body,
                                   timeout=10.0).status_code == 200, 10.0, "a new client served")
     keep_alive.close()
     assert proc.proc is not None and proc.proc.poll() is None

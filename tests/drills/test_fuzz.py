@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from loadtest import loopback
 from tests.drills.conftest import assert_alive, assert_idle
 from tests.fixtures.router import RoutedGroup, group_backends, start_router, start_sim_group
 
@@ -93,7 +94,7 @@ def test_random_requests_never_crash_or_hang(fuzzed: RoutedGroup, method: str, p
     if path == "/policy" and method in ("PUT", "PATCH"):
         extra_headers = {**extra_headers, "authorization": "Bearer wrong"}
     content = body if isinstance(body, bytes) else json.dumps(_capped(body)).encode()
-    with httpx.Client(base_url=fuzzed.router.url, timeout=20.0) as http, \
+    with loopback.client(base_url=fuzzed.router.url, timeout=20.0) as http, \
             http.stream(method, path, content=content, headers=extra_headers) as response:
         received = b"".join(response.iter_bytes())  # the stream must end
         _check(response, received)

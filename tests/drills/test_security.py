@@ -10,8 +10,7 @@ import json
 import socket
 from collections.abc import Callable
 
-import httpx
-
+from loadtest import loopback
 from specrouter.commands.serve import uvicorn_options
 from specrouter.config import load_settings
 from specrouter.control.admin import AdminApi
@@ -52,9 +51,9 @@ def test_no_secret_in_logs_errors_ready_policy_or_metrics(
     assert all(o.ok for o in ok), ok  # the backend key was sent: the engine let us in
     # Failures that get logged: wrong admin tokens, a broken stream, a refused backend.
     for token in ("nope", ADMIN[:-1]):
-        seen.append(httpx.patch(f"{r.url}/policy", json={"mode": "eagle"}, timeout=5.0,
+        seen.append(loopback.patch(f"{r.url}/policy", json={"mode": "eagle"}, timeout=5.0,
                                 headers={"authorization": f"Bearer {token}"}).text)
-    seen.append(httpx.patch(f"{r.url}/policy", json={"mode": "bad"}, timeout=5.0,
+    seen.append(loopback.patch(f"{r.url}/policy", json={"mode": "bad"}, timeout=5.0,
                             headers={"authorization": f"Bearer {ADMIN}"}).text)
     sim.control("eagle", cut_stream_after_tokens=1)
     sim.control("baseline", refuse_connections=True)
@@ -67,7 +66,7 @@ def test_no_secret_in_logs_errors_ready_policy_or_metrics(
     finally:
         redis.resume()
     for path in ("/ready", "/policy", "/metrics", "/v1/models", "/nope"):
-        seen.append(httpx.get(f"{r.url}{path}", timeout=5.0).text)
+        seen.append(loopback.get(f"{r.url}{path}", timeout=5.0).text)
     assert_alive(r)
     everything = "\n".join(seen) + r.process.output()
     assert "refused policy write" in everything and "stream from" in everything
@@ -107,7 +106,7 @@ def test_the_upstream_never_comes_from_the_request(
             answer = _raw(r.port, head + b"\r\ncontent-type: application/json\r\n"
                           b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body)
             assert answer.startswith(b"HTTP/1.1 200 "), answer[:300]
-        with httpx.Client(timeout=10.0) as http:
+        with loopback.client(timeout=10.0) as http:
             # a URL in the body, and paths that look like URLs
             assert http.post(f"{r.url}/v1/chat/completions",
                              json={**chat_body(2, stream=False), "url": evil.url,

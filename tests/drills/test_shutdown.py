@@ -15,6 +15,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.drills.conftest import MODEL, DrillFactory, Outcome, call, chat_body
 from tests.fixtures.departures import leave, random_departures
 from tests.fixtures.procs import eventually, wait_until
@@ -30,7 +31,7 @@ def _stream_in_thread(url: str, max_tokens: int) -> tuple[threading.Thread, dict
 
     def run() -> None:
         try:
-            with httpx.stream("POST", f"{url}/v1/chat/completions",
+            with loopback.stream("POST", f"{url}/v1/chat/completions",
                               json=chat_body(max_tokens), timeout=30.0) as response:
                 seen["status"] = response.status_code
                 for line in response.iter_lines():
@@ -58,17 +59,17 @@ def test_sigterm_drains_ready_503_new_requests_refused_stream_finishes(
     assert d.router.ready()["inflight_total"] == 1
     d.router.process.signal(signal.SIGTERM)
 
-    ready = httpx.get(f"{d.url}/ready", timeout=5.0)
-    wait_until(lambda: httpx.get(f"{d.url}/ready", timeout=5.0).status_code == 503, 5.0,
+    ready = loopback.get(f"{d.url}/ready", timeout=5.0)
+    wait_until(lambda: loopback.get(f"{d.url}/ready", timeout=5.0).status_code == 503, 5.0,
                "/ready to turn 503")
-    ready = httpx.get(f"{d.url}/ready", timeout=5.0)
+    ready = loopback.get(f"{d.url}/ready", timeout=5.0)
     assert ready.json()["draining"] is True and ready.json()["ready"] is False
-    refused = httpx.post(f"{d.url}/v1/chat/completions", json=chat_body(4, stream=False),
+    refused = loopback.post(f"{d.url}/v1/chat/completions", json=chat_body(4, stream=False),
                          timeout=5.0)
     assert refused.status_code == 503
     assert refused.json()["error"]["code"] == "shutting_down"
     assert refused.headers["connection"] == "close"
-    assert httpx.get(f"{d.url}/health", timeout=5.0).status_code == 200  # still alive
+    assert loopback.get(f"{d.url}/health", timeout=5.0).status_code == 200  # still alive
     assert d.router.process.proc is not None and d.router.process.proc.poll() is None
 
     thread.join(30)
@@ -121,7 +122,7 @@ def test_drain_timeout_cuts_a_longer_stream_then_exits(drill: DrillFactory) -> N
 
 def test_idle_router_exits_promptly_on_sigterm(drill: DrillFactory) -> None:
     d = drill(env={"SPECROUTER_SHUTDOWN__DRAIN_TIMEOUT_S": "30"})
-    assert httpx.post(f"{d.url}/v1/chat/completions", json=chat_body(4, stream=False),
+    assert loopback.post(f"{d.url}/v1/chat/completions", json=chat_body(4, stream=False),
                       timeout=10.0).json()["model"] == MODEL
     began = time.monotonic()
     d.router.process.signal(signal.SIGTERM)
@@ -153,8 +154,8 @@ def test_workers_drain_too(router: RouterFactory, sim_group: Callable[..., SimGr
     # for it to be gone and then meet the draining worker that holds the stream.
     wait_until(lambda: r.process.output().count("Finished server process") >= 1, 20.0,
                "the idle worker to exit")
-    assert httpx.get(f"{r.url}/ready", timeout=5.0).status_code == 503
-    refused = httpx.post(f"{r.url}/v1/chat/completions", json=chat_body(4, stream=False),
+    assert loopback.get(f"{r.url}/ready", timeout=5.0).status_code == 503
+    refused = loopback.post(f"{r.url}/v1/chat/completions", json=chat_body(4, stream=False),
                          timeout=5.0)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
     thread.join(30)
@@ -176,7 +177,7 @@ def test_sigterm_amid_leaving_clients_drains_and_exits_clean(drill: DrillFactory
     plans = random_departures(rng, 24)
 
     async def scenario() -> list[Outcome]:
-        async with asyncio.timeout(60.0), httpx.AsyncClient(timeout=30.0) as client:
+        async with asyncio.timeout(60.0), loopback.async_client(timeout=30.0) as client:
             url = f"{d.url}/v1/chat/completions"
             stayers = [asyncio.ensure_future(call(client, url, chat_body(max_tokens=60)))
                        for _ in range(6)]

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
-
+from loadtest import loopback
 from tests.drills.hostile import Received, fixed
 from tests.drills.memory_attacks import routed
 from tests.drills.test_abuse import raw_exchange
@@ -27,19 +26,19 @@ def test_a_backend_cannot_set_the_routers_headers_or_hop_by_hop_ones() -> None:
     script = fixed(answer(b"x-specrouter-pool: evil-pool", b"x-specrouter-backend: evil",
                           b"connection: keep-alive, x-hop", b"x-hop: secret", b"x-end: kept"))
     with routed(script) as (router, _):
-        response = httpx.post(f"{router.url}/v1/chat/completions", json=CHAT, timeout=10.0)
+        response = loopback.post(f"{router.url}/v1/chat/completions", json=CHAT, timeout=10.0)
         assert response.status_code == 200 and response.content == BODY
         assert response.headers["x-specrouter-pool"] in ("eagle", "baseline")
         assert response.headers["x-specrouter-backend"] in ("e", "b")
         assert "x-hop" not in response.headers and response.headers["x-end"] == "kept"
-        metrics = httpx.get(f"{router.url}/metrics", timeout=10.0).text
+        metrics = loopback.get(f"{router.url}/metrics", timeout=10.0).text
         assert "evil" not in metrics
 
 
 def test_an_early_hints_answer_is_skipped_for_the_final_one() -> None:
     hints = b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
     with routed(fixed(answer(before=hints))) as (router, _):
-        response = httpx.post(f"{router.url}/v1/chat/completions", json=CHAT, timeout=10.0)
+        response = loopback.post(f"{router.url}/v1/chat/completions", json=CHAT, timeout=10.0)
         assert response.status_code == 200 and response.content == BODY
         assert "link" not in response.headers
 
@@ -62,7 +61,7 @@ def test_a_stream_past_its_duration_limit_ends_with_an_error_event() -> None:
            # one recorded failure would open the breaker for the rest of the test
            "SPECROUTER_BREAKER": json.dumps({"failure_threshold": 1, "cooldown_s": 60})}
     with routed(_endless_events, env) as (router, backend):
-        with httpx.stream("POST", f"{router.url}/v1/chat/completions", timeout=10.0,
+        with loopback.stream("POST", f"{router.url}/v1/chat/completions", timeout=10.0,
                           json={**CHAT, "stream": True}) as response:
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]"
@@ -83,5 +82,5 @@ def test_a_request_the_parser_rejects_gets_an_openai_error() -> None:
         error = json.loads(body)["error"]
         assert set(error) == {"message", "type", "param", "code"}
         assert error["type"] == "invalid_request_error"
-        ok = httpx.post(f"{router.url}/v1/chat/completions", json=CHAT, timeout=10.0)
+        ok = loopback.post(f"{router.url}/v1/chat/completions", json=CHAT, timeout=10.0)
         assert ok.status_code == 200

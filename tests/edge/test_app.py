@@ -13,6 +13,7 @@ import httpx
 import pytest
 from starlette.types import ASGIApp
 
+from loadtest import loopback
 from specrouter.backends import Backend
 from specrouter.config import load_settings
 from specrouter.edge import SpecRouterApp, create_app
@@ -87,7 +88,7 @@ def make_app(router: ListRouter, e0: FakeBackend, b0: FakeBackend,
 
 async def call(app: ASGIApp, method: str, path: str, **kwargs: Any) -> httpx.Response:
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://router") as client:
+    async with loopback.async_client(transport=transport, base_url="http://router") as client:
         return await client.request(method, path, **kwargs)
 
 

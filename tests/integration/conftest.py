@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RouterFactory, RouterProc
 from tests.fixtures.sim import SimGroup
@@ -54,13 +55,13 @@ class Cluster:
         return backend
 
     def policy(self) -> dict[str, Any]:
-        view: dict[str, Any] = httpx.get(f"{self.url}/policy", timeout=5.0).json()
+        view: dict[str, Any] = loopback.get(f"{self.url}/policy", timeout=5.0).json()
         return view
 
     def write_policy(self, method: str, body: Any, token: str | None = None) -> httpx.Response:
         token = self.token if token is None else token
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        return httpx.request(method, f"{self.url}/policy", json=body, headers=headers,
+        return loopback.request(method, f"{self.url}/policy", json=body, headers=headers,
                              timeout=5.0)
 
     def patch(self, **fields: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RouterFactory, RouterProc
 from tests.fixtures.sim import SimEngine
@@ -44,7 +45,7 @@ def _queue(engine: SimEngine) -> tuple[int, int]:
 
 
 def _upstream_errors(proc: RouterProc, backend: str) -> float:
-    text = httpx.get(f"{proc.url}/metrics", timeout=5.0).text
+    text = loopback.get(f"{proc.url}/metrics", timeout=5.0).text
     for family in text_string_to_metric_families(text):
         if family.name == "specrouter_upstream_errors":
             return sum(s.value for s in family.samples
@@ -63,7 +64,7 @@ def test_a_queue_full_stream_reaches_the_client_as_a_complete_answer(
                    SPECROUTER_POLICY=json.dumps({"mode": "eagle"}))
 
     async def scenario() -> None:
-        async with httpx.AsyncClient(base_url=full.url, timeout=60.0) as direct:
+        async with loopback.async_client(base_url=full.url, timeout=60.0) as direct:
             fillers: list[asyncio.Task[httpx.Response]] = []
             while len(fillers) < 20 and _queue(full) != (1, 1):
                 # the router's health checks also pass through the queue: fill until full
@@ -111,7 +112,7 @@ def test_a_client_that_leaves_a_queued_request_gets_it_aborted_at_once(
     eagle.control(wedged=True)  # requests wait in the queue: no byte, no head
 
     async def leave_while_queued() -> float:
-        async with httpx.AsyncClient(base_url=proc.url, timeout=30.0) as client:
+        async with loopback.async_client(base_url=proc.url, timeout=30.0) as client:
             task = asyncio.create_task(client.post("/v1/chat/completions", json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                 "stream": True}))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.fixtures.router import RouterFactory
 from tests.integration.conftest import ADMIN_TOKEN, ClusterFactory, backend_name
@@ -39,7 +39,7 @@ def test_policy_get_put_patch_and_validation(cluster: ClusterFactory) -> None:
     assert (policy["version"], policy["strategy"], policy["eagle_cap"], policy["switch_up"]) == (
         3, "overflow", 3, 16)
 
-    history = httpx.get(f"{c.url}/policy/history", timeout=5.0).json()["history"]
+    history = loopback.get(f"{c.url}/policy/history", timeout=5.0).json()["history"]
     assert [(h["kind"], h["old"]["version"], h["new"]["version"]) for h in history] == [
         ("put", 2, 3), ("patch", 1, 2)]
 
@@ -51,7 +51,7 @@ def test_policy_get_put_patch_and_validation(cluster: ClusterFactory) -> None:
         assert error["code"] == 422 and error["errors"][0]["loc"] == [field]
     assert c.policy()["policy"]["version"] == 3  # the old policy stays in force
 
-    not_json = httpx.patch(f"{c.url}/policy", content=b"{nope",
+    not_json = loopback.patch(f"{c.url}/policy", content=b"{nope",
                            headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5.0)
     assert not_json.status_code == 400
     huge = c.write_policy("PUT", {"mode": "auto", "pad": "x" * 100_000})
@@ -66,7 +66,7 @@ def test_policy_get_put_patch_and_validation(cluster: ClusterFactory) -> None:
 def test_policy_writes_need_the_admin_token(cluster: ClusterFactory,
                                             router: RouterFactory) -> None:
     c = cluster()
-    missing = httpx.patch(f"{c.url}/policy", json={"mode": "baseline"}, timeout=5.0)
+    missing = loopback.patch(f"{c.url}/policy", json={"mode": "baseline"}, timeout=5.0)
     wrong = c.write_policy("PATCH", {"mode": "baseline"}, token="wrong-token")
     for response in (missing, wrong):
         assert response.status_code == 401, response.text
@@ -78,15 +78,15 @@ def test_policy_writes_need_the_admin_token(cluster: ClusterFactory,
     backends = [{"name": backend_name(g, p), "url": sim.url(p), "pool": p, "group": g}
                 for g, sim in c.groups.items() for p in ("eagle", "baseline")]
     locked = router(backends)
-    refused = httpx.patch(f"{locked.url}/policy", json={"mode": "baseline"},
+    refused = loopback.patch(f"{locked.url}/policy", json={"mode": "baseline"},
                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5.0)
     assert refused.status_code == 403
     assert "no admin token" in refused.json()["error"]["message"]
-    assert httpx.get(f"{locked.url}/policy", timeout=5.0).json()["policy"]["mode"] == "auto"
+    assert loopback.get(f"{locked.url}/policy", timeout=5.0).json()["policy"]["mode"] == "auto"
 
 
 def _families(url: str) -> dict[str, object]:
-    text = httpx.get(f"{url}/metrics", timeout=5.0).text
+    text = loopback.get(f"{url}/metrics", timeout=5.0).text
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 

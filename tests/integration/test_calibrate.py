@@ -7,8 +7,7 @@ import json
 import subprocess
 from pathlib import Path
 
-import httpx
-
+from loadtest import loopback
 from tests.fixtures.procs import REPO_ROOT, specrouter_argv
 from tests.fixtures.router import RouterFactory
 from tests.integration.conftest import ADMIN_TOKEN, ClusterFactory, backend_name
@@ -56,6 +55,6 @@ def test_calibrate_sweeps_applies_and_writes_the_policy(
     backends = [{"name": backend_name(g, p), "url": sim.url(p), "pool": p, "group": g}
                 for g, sim in c.groups.items() for p in ("eagle", "baseline")]
     second = router(backends, extra_args=("--policy-file", str(policy_file)))
-    loaded = httpx.get(f"{second.url}/policy", timeout=5.0).json()["policy"]
+    loaded = loopback.get(f"{second.url}/policy", timeout=5.0).json()["policy"]
     assert (loaded["switch_up"], loaded["switch_down"]) == (written["switch_up"],
                                                             written["switch_down"])

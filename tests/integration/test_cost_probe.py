@@ -13,8 +13,7 @@ import threading
 import time
 from typing import Any
 
-import httpx
-
+from loadtest import loopback
 from specrouter.sim import physics
 from specrouter.sim.profile import load_profile
 from tests.fixtures.probes import CountedGroup
@@ -26,7 +25,7 @@ PROMPT, TOKENS = 512, 64
 
 
 def _learned(url: str) -> dict[str, Any]:
-    group: dict[str, Any] = httpx.get(f"{url}/policy", timeout=5.0).json()["groups"][0]
+    group: dict[str, Any] = loopback.get(f"{url}/policy", timeout=5.0).json()["groups"][0]
     learned: dict[str, Any] = group["learned"]
     return learned
 
@@ -52,7 +51,7 @@ def test_both_pools_are_measured_before_the_first_request(sim_group: Any,
     learned = _until(proc.url, lambda m: m["pools"]["baseline"]["probes"]
                      and m["pools"]["eagle"]["probes"] == 2, "the probe readings of both pools")
     assert learned["probes"] == {"baseline/read": 1, "eagle/read": 2}, learned
-    metrics = httpx.get(f"{proc.url}/metrics", timeout=5.0).text
+    metrics = loopback.get(f"{proc.url}/metrics", timeout=5.0).text
     assert ('specrouter_cost_probes_total{group="gpu0",outcome="read",pool="baseline"} 1.0'
             in metrics), metrics
     profile = load_profile(PROFILE)
@@ -78,7 +77,7 @@ def test_a_client_request_cancels_a_probe(sim_group: Any, router: RouterFactory)
     while not any(b["inflight"] for b in proc.ready()["backends"]):
         assert time.monotonic() < deadline, "no probe started"
         time.sleep(0.02)
-    answer = httpx.post(f"{proc.v1}/completions", json={
+    answer = loopback.post(f"{proc.v1}/completions", json={
         "model": "default", "prompt": "hi", "max_tokens": 4}, timeout=30.0)
     assert answer.status_code == 200
     learned = _until(proc.url, lambda m: m["probes"].get("baseline/cancelled"),
@@ -104,7 +103,7 @@ def test_an_unused_pool_is_probed_again_at_the_traffics_context(
     assert first["pools"]["baseline"]["probe_context_tokens"] == PROMPT
     prompt = "x" * 36_000  # ~9,000 tokens at 4 characters a token
     for _ in range(3):
-        answer = httpx.post(f"{proc.v1}/completions", json={
+        answer = loopback.post(f"{proc.v1}/completions", json={
             "model": "default", "prompt": prompt, "max_tokens": 4}, timeout=30.0)
         assert answer.status_code == 200
     learned = _until(proc.url, lambda m: m["pools"]["baseline"]["probe_context_tokens"] > PROMPT,
@@ -140,7 +139,7 @@ def test_a_request_the_engine_reports_between_rounds_is_waited_out(
     one-token generation shows before 0.5.23): the probe waits it out and reads the pool
     with its one warm-up, instead of giving up and prefilling a second."""
     count, eagle = counted_group.count, counted_group.proxies["eagle"]
-    other_client = threading.Thread(target=lambda: httpx.post(
+    other_client = threading.Thread(target=lambda: loopback.post(
         f"{counted_group.sim.eagle_url}/generate", timeout=30.0,
         json={"text": "hi", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}))
 

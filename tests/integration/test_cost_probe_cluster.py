@@ -13,8 +13,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
+from loadtest import loopback
 from tests.fixtures.probes import CountedGroup
 from tests.fixtures.procs import free_port, wait_until
 from tests.fixtures.redis import RedisServer
@@ -22,7 +21,7 @@ from tests.fixtures.router import RouterFactory, RouterProc
 
 
 def _learned(proc: RouterProc) -> dict[str, Any]:
-    group: dict[str, Any] = httpx.get(f"{proc.url}/policy", timeout=5.0).json()["groups"][0]
+    group: dict[str, Any] = loopback.get(f"{proc.url}/policy", timeout=5.0).json()["groups"][0]
     learned: dict[str, Any] = group["learned"]
     return learned
 

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from loadtest import loopback
 from specrouter.routing.costmodel import GroupCostModel, model_from_dict
 from specrouter.routing.costsource import profile_model
 from specrouter.routing.strategies.registry import DEFAULT_STRATEGY
@@ -85,7 +86,7 @@ def test_choice_follows_the_live_accept_length(sim_group: Any, router: RouterFac
 
     async def scenario() -> None:
         limits = httpx.Limits(max_connections=STREAMS + 8)
-        async with httpx.AsyncClient(timeout=120.0, limits=limits, trust_env=False) as client:
+        async with loopback.async_client(timeout=120.0, limits=limits, trust_env=False) as client:
             body = {"model": "default", "messages": [{"role": "user", "content": "go " * 50}],
                     "max_tokens": 8000, "ignore_eos": True}
             held = [asyncio.create_task(client.post(f"{proc.v1}/chat/completions", json=body))
@@ -170,7 +171,7 @@ def test_calibrate_fits_writes_and_serves_the_cost_model(
 
     name = strategy or DEFAULT_STRATEGY
     assert json.loads(policy_file.read_text())["strategy"] == name
-    applied = httpx.get(f"{live.url}/policy", timeout=5.0).json()
+    applied = loopback.get(f"{live.url}/policy", timeout=5.0).json()
     assert (applied["policy"]["strategy"], applied["policy"]["version"]) == (name, 2)
 
     # A router started from the two files predicts with the fitted model.
@@ -178,7 +179,7 @@ def test_calibrate_fits_writes_and_serves_the_cost_model(
                     extra_args=("--policy-file", str(policy_file)))
 
     async def reported() -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        async with loopback.async_client(timeout=5.0, trust_env=False) as client:
             return await _until(client, served.url, "an accept length from telemetry",
                                 lambda g: g["accept_length"] is not None)
 
@@ -216,7 +217,7 @@ def test_shadow_probe_reaches_the_idle_eagle_server_and_the_client_keeps_the_bas
                 "max_tokens": max_tokens, "ignore_eos": True}
 
     async def scenario() -> None:
-        async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
+        async with loopback.async_client(timeout=60.0, trust_env=False) as client:
             on_eagle = {"x-specrouter-pool": "eagle"}
             # Long enough that the router has seen the 3.5 well: its trend's peak needs
             # ~10 readings' worth of evidence, and one engine snapshot of 4 requests

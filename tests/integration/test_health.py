@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.integration.conftest import Cluster, ClusterFactory
 
@@ -81,7 +81,7 @@ def test_group_with_no_healthy_server_is_skipped(cluster: ClusterFactory) -> Non
     gpu0 = c.sim("gpu0")
     gpu0.control("eagle", refuse_connections=True)  # sent through the baseline's port
     # The baseline closes its own port last; it reopens by itself after 60 s.
-    httpx.post(f"{gpu0.baseline_url}/sim/control", json={"refuse_connections": 60},
+    loopback.post(f"{gpu0.baseline_url}/sim/control", json={"refuse_connections": 60},
                timeout=5.0).raise_for_status()
     for name in ("gpu0-eagle", "gpu0-baseline"):
         c.wait_backend(name, "unhealthy", lambda b: not b["healthy"])
@@ -113,7 +113,7 @@ def test_breaker_opens_on_5xx_and_closes_through_half_open_probes(
                20.0, "the breaker to close after successful probes")
     assert c.backend("gpu0-eagle")["healthy"]
     families = {f.name: f for f in text_string_to_metric_families(
-        httpx.get(f"{c.url}/metrics", timeout=5.0).text)}
+        loopback.get(f"{c.url}/metrics", timeout=5.0).text)}
     errors = _samples(families, "specrouter_upstream_errors", backend="gpu0-eagle")
     assert errors and errors[0] >= 3
 

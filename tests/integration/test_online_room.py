@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from loadtest import loopback
 from specrouter.routing.costsource import profile_model
 from tests.fixtures.router import RouterFactory, group_backends
 from tests.fixtures.sim import SimGroup
@@ -46,7 +47,7 @@ def test_a_kv_bound_eagle_engine_moves_the_online_router_to_the_baseline(
     async def scenario() -> dict[str, Any]:
         stop = asyncio.Event()
         limits = httpx.Limits(max_connections=CLIENTS + 8)
-        async with httpx.AsyncClient(timeout=120.0, limits=limits, trust_env=False) as client:
+        async with loopback.async_client(timeout=120.0, limits=limits, trust_env=False) as client:
             async def worker(i: int) -> None:
                 n = 0
                 while not stop.is_set():

@@ -13,10 +13,10 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
-import httpx
 import openai
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.integration.conftest import Cluster, ClusterFactory
 
@@ -163,7 +163,7 @@ def test_engine_telemetry_counts_work_sent_around_the_router(cluster: ClusterFac
     async def scenario() -> None:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                 "max_tokens": LONG, "ignore_eos": True, "stream": True}
-        async with httpx.AsyncClient(timeout=60.0) as client, contextlib.AsyncExitStack() as st:
+        async with loopback.async_client(timeout=60.0) as client, contextlib.AsyncExitStack() as st:
             for _ in range(5):
                 await st.enter_async_context(
                     client.stream("POST", f"{direct}/v1/chat/completions", json=body))
@@ -214,7 +214,7 @@ def test_forced_modes_and_client_override(cluster: ClusterFactory) -> None:
 def test_route_required_pool_goes_to_the_baseline(cluster: ClusterFactory) -> None:
     """Other /v1 routes need the baseline pool, whatever the policy says."""
     c = cluster(policy={"mode": "eagle"})
-    response = httpx.post(f"{c.url}/v1/embeddings", json={"model": MODEL, "input": "x"},
+    response = loopback.post(f"{c.url}/v1/embeddings", json={"model": MODEL, "input": "x"},
                           timeout=10.0)
     assert response.headers["x-specrouter-pool"] == "baseline"
     assert response.headers["x-specrouter-reason"] == "route_pool"

@@ -3,9 +3,9 @@ the router, as the openai client reads it."""
 
 from __future__ import annotations
 
-import httpx
 import openai
 
+from loadtest import loopback
 from loadtest.instant_upstream import MODEL
 from loadtest.procs import Stack
 from tests.fixtures.procs import wait_until
@@ -31,7 +31,7 @@ def test_a_paced_stream_sends_every_token() -> None:
 
 def _telemetry(router_url: str) -> tuple[str | None, str | None]:
     """The router's load source for its one backend, and its accept length's."""
-    telemetry = httpx.get(f"{router_url}/policy").json()["backends"][0]["telemetry"]
+    telemetry = loopback.get(f"{router_url}/policy").json()["backends"][0]["telemetry"]
     return telemetry["source"], telemetry["accept"]["source"]
 
 
@@ -45,7 +45,7 @@ def test_a_streamed_completion_directly_and_through_the_router() -> None:
         router = stack.router([{"name": "instant", "url": upstream.url, "pool": "eagle",
                                 "group": "g"}])
         assert _stream(router.url) == ("a", "length")
-        assert httpx.get(f"{upstream.url}/v1/models").json()["data"][0]["id"] == MODEL
+        assert loopback.get(f"{upstream.url}/v1/models").json()["data"][0]["id"] == MODEL
         wait_until(lambda: _telemetry(router.url) == ("v1_loads", "metrics"),
                    what="the router's poller reading /v1/loads and /metrics")
 

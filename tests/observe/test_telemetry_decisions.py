@@ -12,6 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from loadtest import loopback
 from specrouter.backends import Backend
 from specrouter.observe.loadview import LoadView
 from specrouter.observe.telemetry import SEARCH_INTERVAL_S, SEARCH_MISSES, TelemetryPoller
@@ -30,7 +31,7 @@ def loads(running: int, lifetime: float) -> httpx.Response:
 def poller_for(handler: Handler, lv: LoadView, clock: list[float]) -> TelemetryPoller:
     return TelemetryPoller([EAGLE], lv.publish, lv.publish_accept, lv.poll_started,
                            accept_every=2, clock=lambda: clock[0],
-                           client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+                           client=loopback.async_client(transport=httpx.MockTransport(handler)))
 
 
 def view() -> LoadView:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
-
+from loadtest import loopback
 from specrouter.backends import Backend
 from specrouter.observe.loadview import LoadView
 from specrouter.observe.telemetry import TelemetryPoller
@@ -22,7 +21,7 @@ async def hold_requests(url: str, n: int) -> list[asyncio.Task[None]]:
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 100000, "ignore_eos": True, "stream": True}
         headers = {"Authorization": f"Bearer {KEY}"}
-        async with httpx.AsyncClient(timeout=60.0, headers=headers) as client, \
+        async with loopback.async_client(timeout=60.0, headers=headers) as client, \
                 client.stream("POST", url + "/v1/chat/completions", json=body) as r:
             async for _ in r.aiter_raw():
                 pass
@@ -63,7 +62,7 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
             # SGLang's lifetime mean in /v1/loads stays near where it was.
             await eventually(lambda: lv.backends["e"].accept_lifetime is not None, 30.0,
                              "a first fold of the lifetime mean")
-            async with httpx.AsyncClient(timeout=10.0) as client:
+            async with loopback.async_client(timeout=10.0) as client:
                 shift = await client.post(eagle + "/sim/control",
                                           json={"accept_length": 1.2},
                                           headers={"Authorization": f"Bearer {KEY}"})
@@ -82,7 +81,7 @@ async def scenario(sim: ManagedProcess, eagle: str, base: str) -> None:
 
         # 0.5.23 without its snapshot reader answers "loads": []: no data, so the poller
         # reads the load from /metrics instead of taking it as an idle engine.
-        async with httpx.AsyncClient(timeout=10.0) as client:
+        async with loopback.async_client(timeout=10.0) as client:
             detach = await client.post(eagle + "/sim/control",
                                        json={"loads_reader_detached": True},
                                        headers={"Authorization": f"Bearer {KEY}"})

@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
-
+from loadtest import loopback
 from specrouter.backends import Backend
 from specrouter.config import HealthSettings
 from specrouter.observe.breaker import BreakerConfig
@@ -30,7 +29,7 @@ async def scenario(eagle: str, base: str) -> None:
     poller = TelemetryPoller([backend], lv.publish, lv.publish_accept, lv.poll_started)
     await health.start()
     try:
-        async with poller, httpx.AsyncClient(timeout=10.0) as client:
+        async with poller, loopback.async_client(timeout=10.0) as client:
             await eventually(lambda: health.describe("e")["check_path"] == "/ready", 30.0,
                              "a first check")
             tasks = await hold_requests(eagle, 2)

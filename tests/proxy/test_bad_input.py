@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.router import RoutedGroup
 
 LIMIT = 4096
@@ -30,7 +31,7 @@ def assert_openai_error(response: httpx.Response, status: int, text: str) -> Non
 
 def test_bad_bodies(group: RoutedGroup) -> None:
     url = f"{group.router.url}/v1/chat/completions"
-    with httpx.Client(timeout=10.0) as http:
+    with loopback.client(timeout=10.0) as http:
         assert_openai_error(http.post(url, content=b"{not json"), 400, "not valid JSON")
         assert_openai_error(http.post(url, content=b"\xff\xfe"), 400, "not valid JSON")
         assert_openai_error(http.post(url, content=b"[1, 2]"), 400, "must be a JSON object")
@@ -43,7 +44,7 @@ def test_bad_bodies(group: RoutedGroup) -> None:
 def test_body_over_the_limit(group: RoutedGroup) -> None:
     url = f"{group.router.url}/v1/completions"
     big = b'{"prompt": "' + b"x" * LIMIT + b'"}'
-    with httpx.Client(timeout=10.0) as http:
+    with loopback.client(timeout=10.0) as http:
         assert_openai_error(http.post(url, content=big), 413, "exceeds")
 
         def chunks() -> Iterator[bytes]:  # no Content-Length: refused while reading
@@ -57,7 +58,7 @@ def test_body_over_the_limit(group: RoutedGroup) -> None:
 
 
 def test_unknown_paths_and_methods(group: RoutedGroup) -> None:
-    with httpx.Client(timeout=10.0) as http:
+    with loopback.client(timeout=10.0) as http:
         assert_openai_error(http.get(f"{group.router.url}/nope"), 404, "no route for GET /nope")
         assert_openai_error(http.post(f"{group.router.url}/health"), 405, "Method Not Allowed")
 
@@ -68,7 +69,7 @@ def test_counts_track_a_live_stream_and_return_to_zero(
     g = routed_group(time_scale=0.5)  # slow enough to look at the stream while it runs
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
             "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", f"{g.router.url}/v1/chat/completions", json=body,
+    with loopback.stream("POST", f"{g.router.url}/v1/chat/completions", json=body,
                       timeout=30.0) as response:
         lines = response.iter_lines()  # keep a reference: a dropped iterator closes the stream
         assert next(lines).startswith("data:")

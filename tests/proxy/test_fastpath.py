@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import loopback
 from specrouter.backends import Backend
 from specrouter.config import load_settings
 from specrouter.control.metrics import RouterMetrics
@@ -171,7 +172,7 @@ async def harness(e0: list[Reply], b0: list[Reply] | None = None, callback_path:
             warm = await upstream.open("POST", "/v1/chat/completions", [], b"{}", stream=True)
             assert [c async for c in warm.iter_raw()]
             await warm.aclose()
-        async with guarded_server(app) as port, httpx.AsyncClient(
+        async with guarded_server(app) as port, loopback.async_client(
                 base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
             yield Harness(app, router, backends[0], backends[1], client, taken, counted)
     finally:

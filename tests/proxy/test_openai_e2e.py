@@ -17,6 +17,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from loadtest import loopback
 from tests.fixtures.router import RoutedGroup
 
 PROMPT: list[ChatCompletionMessageParam] = [
@@ -109,26 +110,26 @@ def test_chunks_arrive_as_they_are_generated(routed_group: Callable[..., RoutedG
 def test_sglang_native_and_info_routes(shared_group: RoutedGroup) -> None:
     url = shared_group.router.url
     body = {"text": "def reverse(xs):", "sampling_params": {"max_new_tokens": 8}}
-    plain = httpx.post(f"{url}/generate", json=body, timeout=30.0)
+    plain = loopback.post(f"{url}/generate", json=body, timeout=30.0)
     assert plain.status_code == 200 and plain.json()["meta_info"]["completion_tokens"] > 0
-    with httpx.stream("POST", f"{url}/generate", json={**body, "stream": True},
+    with loopback.stream("POST", f"{url}/generate", json={**body, "stream": True},
                       timeout=30.0) as streamed:
         assert streamed.headers["content-type"].startswith("text/event-stream")
         events = [line for line in streamed.iter_lines() if line.startswith("data:")]
     assert events[-1] == "data: [DONE]" and len(events) > 2
     for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
-        answer = httpx.get(f"{url}{path}", timeout=10.0)
+        answer = loopback.get(f"{url}{path}", timeout=10.0)
         assert answer.status_code == 200, path
         assert answer.headers["x-specrouter-backend"].startswith("gpu0-")
-    models = httpx.get(f"{url}/v1/models", timeout=10.0).json()
+    models = loopback.get(f"{url}/v1/models", timeout=10.0).json()
     ids = [m["id"] for m in models["data"]]
     assert len(ids) == len(set(ids)) == 1  # both engines serve one model: deduplicated
-    assert httpx.get(f"{url}/v1/loads", timeout=10.0).headers["x-specrouter-pool"] == "baseline"
+    assert loopback.get(f"{url}/v1/loads", timeout=10.0).headers["x-specrouter-pool"] == "baseline"
 
 
 def test_health_and_ready(shared_group: RoutedGroup) -> None:
-    assert httpx.get(f"{shared_group.router.url}/health").json() == {"status": "ok"}
-    ready = httpx.get(f"{shared_group.router.url}/ready")
+    assert loopback.get(f"{shared_group.router.url}/health").json() == {"status": "ok"}
+    ready = loopback.get(f"{shared_group.router.url}/ready")
     assert ready.status_code == 200 and ready.json()["ready"] is True
     assert {b["name"] for b in ready.json()["backends"]} == {"gpu0-eagle", "gpu0-baseline"}
 
@@ -152,7 +153,7 @@ def test_client_disconnect_aborts_upstream_within_100ms(
     g = routed_group(time_scale=0.5)
     body = {"model": "m", "messages": PROMPT, "max_tokens": 500, "stream": True,
             "ignore_eos": True}
-    with httpx.Client(timeout=30.0) as http, http.stream(
+    with loopback.client(timeout=30.0) as http, http.stream(
         "POST", f"{g.router.url}/v1/chat/completions", json=body
     ) as response:
         lines = response.iter_lines()
@@ -202,7 +203,7 @@ def test_mid_stream_failure_ends_with_an_error_event(group: RoutedGroup) -> None
     group.control("eagle", cut_stream_after_tokens=3)
     body = {"model": "m", "messages": PROMPT, "max_tokens": 50, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", f"{group.router.url}/v1/chat/completions", json=body,
+    with loopback.stream("POST", f"{group.router.url}/v1/chat/completions", json=body,
                       timeout=30.0) as response:
         assert response.status_code == 200
         events = [line for line in response.iter_lines() if line.startswith("data:")]
@@ -227,7 +228,7 @@ def test_stalled_backend_hits_the_first_byte_timeout(
                                  "SPECROUTER_RETRY__ENABLED": "false"})
     g.control("eagle", stall=True)
     started = time.monotonic()
-    answer = httpx.post(f"{g.router.url}/v1/chat/completions", timeout=30.0, json={
+    answer = loopback.post(f"{g.router.url}/v1/chat/completions", timeout=30.0, json={
         "model": "m", "messages": PROMPT, "max_tokens": 5, "stream": True})
     assert answer.status_code == 504 and "timed out" in answer.json()["error"]["message"]
     assert time.monotonic() - started < 5
@@ -258,7 +259,7 @@ def test_non_stream_client_gone_aborts_upstream(
     g = routed_group(time_scale=0.5)
     body = {"model": "m", "messages": PROMPT, "max_tokens": 500, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{g.router.url}/v1/chat/completions", json=body, timeout=1.0)
+        loopback.post(f"{g.router.url}/v1/chat/completions", json=body, timeout=1.0)
     deadline = time.monotonic() + 10
     while g.state("eagle")["aborted"] == 0 and time.monotonic() < deadline:
         time.sleep(0.01)

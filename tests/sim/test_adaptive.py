@@ -7,9 +7,9 @@ import argparse
 import asyncio
 from collections.abc import Callable
 
-import httpx
 import pytest
 
+from loadtest import loopback
 from specrouter.sim import cli, physics
 from specrouter.sim.adaptive import AdaptiveSteps, spec_capture_batch_sizes
 from specrouter.sim.profile import engine_limits, load_profile
@@ -80,11 +80,11 @@ def test_adaptive_engine_drafts_alone_and_decodes_plainly_at_high_batch() -> Non
 def test_adaptive_engine_over_http(sim_engine: Callable[..., SimEngine]) -> None:
     engine = sim_engine("adaptive", profile="h200-llama3-8b", time_scale=0.05,
                         sglang_version="0.5.23")
-    answer = httpx.post(f"{engine.url}/generate", json={
+    answer = loopback.post(f"{engine.url}/generate", json={
         "text": "hello", "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}).json()
     assert answer["meta_info"]["completion_tokens"] == 40
     assert answer["meta_info"]["spec_verify_ct"] < 40  # several tokens per step
-    info = httpx.get(f"{engine.url}/server_info").json()
+    info = loopback.get(f"{engine.url}/server_info").json()
     assert info["speculative_adaptive"] is True and info["speculative_algorithm"] == "EAGLE3"
     state = engine.state()
     assert state["adaptive_steps"] == {"1": 3, "8": 3, "32": 1, "64": 0}

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.fixtures.sim import SimEngine, SimGroup
 
@@ -20,7 +21,7 @@ PROMPT_1000 = "x" * 4000  # 1000 prompt tokens at the profiles' 4 characters per
 
 def _completion(url: str, max_tokens: int, prompt: str = "hi", **extra: Any) -> dict[str, Any]:
     body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, **extra}
-    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    response = loopback.post(f"{url}/v1/completions", json=body, timeout=60)
     response.raise_for_status()
     result: dict[str, Any] = response.json()
     return result
@@ -35,12 +36,12 @@ def test_disconnect_of_a_running_stream_frees_the_slot(sim_engine: Callable[...,
     second_started = threading.Event()
 
     def second_stream() -> None:
-        with httpx.Client(timeout=30) as client, client.stream(
+        with loopback.client(timeout=30) as client, client.stream(
                 "POST", f"{engine.url}/v1/chat/completions", json=body) as response:
             next(response.iter_lines())  # the head and the role chunk: it runs
             second_started.set()
 
-    with httpx.Client(timeout=30) as first, \
+    with loopback.client(timeout=30) as first, \
             first.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as stream:
         lines = stream.iter_lines()  # keep a reference: a dropped iterator closes the stream
         next(lines)  # the role chunk: the request is running
@@ -58,7 +59,7 @@ def test_disconnect_of_a_running_stream_frees_the_slot(sim_engine: Callable[...,
         assert second_started.wait(10), "queued request admitted"
         worker.join(10)
     wait_until(lambda: engine.state()["aborted"] == 2, 10, "second abort counted")
-    metrics = httpx.get(f"{engine.url}/metrics").text
+    metrics = loopback.get(f"{engine.url}/metrics").text
     assert any(line.startswith("sglang:num_aborted_requests_total") and line.endswith(" 2.0")
                for line in metrics.splitlines())
 
@@ -71,7 +72,7 @@ def test_a_queued_stream_sends_no_byte_until_its_first_output(
     body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "max_tokens": 100000,
             "ignore_eos": True, "stream": True}
     quick = httpx.Timeout(30, read=0.3)
-    with httpx.Client(timeout=30) as first, httpx.Client(timeout=quick) as second, \
+    with loopback.client(timeout=30) as first, loopback.client(timeout=quick) as second, \
             first.stream("POST", f"{engine.url}/v1/chat/completions", json=body) as running:
         lines = running.iter_lines()
         next(lines)
@@ -83,14 +84,14 @@ def test_a_queued_stream_sends_no_byte_until_its_first_output(
 def test_non_stream_disconnect_aborts(sim_engine: Callable[..., SimEngine]) -> None:
     engine = sim_engine("baseline", time_scale=0.2)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{engine.url}/v1/completions", timeout=0.5,
+        loopback.post(f"{engine.url}/v1/completions", timeout=0.5,
                    json={"model": "m", "prompt": "p", "max_tokens": 100000, "ignore_eos": True})
     wait_until(lambda: engine.state()["aborted"] == 1, 10, "abort counted")
     assert engine.state()["running"] == 0
 
 
 def _e2e_sim_seconds(url: str, tokens: int) -> float:
-    out = httpx.post(f"{url}/generate", timeout=60, json={
+    out = loopback.post(f"{url}/generate", timeout=60, json={
         "text": "q", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}).json()
     latency: float = out["meta_info"]["e2e_latency"]
     return latency
@@ -104,7 +105,7 @@ def test_shared_gpu_interference(sim_group: Callable[..., SimGroup]) -> None:
         group.state("eagle")["busy_sim_s"], rel=0.05)
 
     async def load() -> float:
-        async with httpx.AsyncClient(timeout=120) as client:
+        async with loopback.async_client(timeout=120) as client:
             body = {"model": "m", "prompt": "p", "max_tokens": 100000, "ignore_eos": True}
             tasks = [asyncio.create_task(client.post(f"{group.baseline_url}/v1/completions",
                                                      json=body)) for _ in range(32)]
@@ -138,7 +139,7 @@ def test_control_faults(sim_group: Callable[..., SimGroup]) -> None:
     group = sim_group(time_scale=0.02)
     url = group.baseline_url
     group.control("baseline", error_rate=1.0)
-    failed = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"})
+    failed = loopback.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"})
     assert failed.status_code == 500 and failed.json()["object"] == "error"
     group.control("baseline", error_rate=0.0, added_latency_ms=300)
     started = time.monotonic()
@@ -146,35 +147,35 @@ def test_control_faults(sim_group: Callable[..., SimGroup]) -> None:
     assert time.monotonic() - started >= 0.3
     group.control("baseline", added_latency_ms=0, stall=True)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"}, timeout=0.5)
+        loopback.post(f"{url}/v1/completions", json={"model": "m", "prompt": "p"}, timeout=0.5)
     group.control("baseline", stall=False, cut_stream_after_tokens=5)
-    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+    with pytest.raises(httpx.RemoteProtocolError), loopback.stream(
             "POST", f"{url}/v1/completions", timeout=30,
             json={"model": "m", "prompt": "p", "max_tokens": 50, "stream": True}) as response:
         list(response.iter_lines())
     group.control("baseline", cut_stream_after_tokens=None, slow_health_ms=400)
     started = time.monotonic()
-    assert httpx.get(f"{url}/ready", timeout=5).status_code == 200
+    assert loopback.get(f"{url}/ready", timeout=5).status_code == 200
     assert time.monotonic() - started >= 0.4
     group.control("baseline", slow_health_ms=0, refuse_connections=True)
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{url}/v1/models", timeout=2)
-    assert httpx.get(f"{group.eagle_url}/v1/models").status_code == 200  # per engine
+        loopback.get(f"{url}/v1/models", timeout=2)
+    assert loopback.get(f"{group.eagle_url}/v1/models").status_code == 200  # per engine
     group.control("baseline", refuse_connections=False)  # through the eagle engine's port
-    assert httpx.get(f"{url}/v1/models").status_code == 200
+    assert loopback.get(f"{url}/v1/models").status_code == 200
     group.control("baseline", refuse_connections=0.3)  # reopens by itself after 0.3 s
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"{url}/v1/models", timeout=2)
+        loopback.get(f"{url}/v1/models", timeout=2)
     wait_until(lambda: _answers(f"{url}/v1/models"), 10, "port reopened")
     assert group.state("baseline")["faults"]["refuse_connections"] is False
-    bad = httpx.post(f"{url}/sim/control", json={"error_rate": 2})
+    bad = loopback.post(f"{url}/sim/control", json={"error_rate": 2})
     assert bad.status_code == 400
-    assert httpx.post(f"{url}/sim/control", json={"nonsense": 1}).status_code == 400
+    assert loopback.post(f"{url}/sim/control", json={"nonsense": 1}).status_code == 400
 
 
 def _answers(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=2).status_code == 200
+        return loopback.get(url, timeout=2).status_code == 200
     except httpx.ConnectError:
         return False
 
@@ -187,13 +188,13 @@ def test_accept_length_control_and_schedule(sim_group: Callable[..., SimGroup]) 
     _completion(group.eagle_url, 400)
     observed = group.state("eagle")["observed_accept_length"]
     assert observed == pytest.approx(3.5, abs=0.35)
-    loads = httpx.get(f"{group.eagle_url}/v1/loads").json()["loads"][0]
+    loads = loopback.get(f"{group.eagle_url}/v1/loads").json()["loads"][0]
     assert loads["speculative"]["accept_length"] == pytest.approx(3.5, abs=0.35)
     # schedule in simulated seconds since the call: 1.2 now, 3.0 from t=20 s (0.4 s real)
     group.control("eagle", accept_length_schedule=[[0, 1.2], [20, 3.0]])
     assert group.state("eagle")["accept_length"] == 1.2
     wait_until(lambda: group.state("eagle")["accept_length"] == 3.0, 10, "schedule step")
-    assert httpx.post(f"{group.eagle_url}/sim/control",
+    assert loopback.post(f"{group.eagle_url}/sim/control",
                       json={"accept_length": 9}).status_code == 400
 
 
@@ -211,7 +212,7 @@ def test_reseed_replays_the_same_draws(sim_group: Callable[..., SimGroup]) -> No
     first = steps_of_one_request()
     group.control("eagle", seed=11)
     assert steps_of_one_request() == first
-    assert httpx.post(f"{group.eagle_url}/sim/control", json={"seed": "x"}).status_code == 400
+    assert loopback.post(f"{group.eagle_url}/sim/control", json={"seed": "x"}).status_code == 400
 
 
 async def _steady_closed_loop(group: SimGroup, pool: str, concurrency: int,
@@ -234,7 +235,7 @@ async def _steady_closed_loop(group: SimGroup, pool: str, concurrency: int,
     # every client keeps its connection: churning connections stalls the loop far more
     # than the engine's own turnaround
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
+    async with loopback.async_client(timeout=120, limits=limits) as c:
         async def client(i: int) -> None:
             await asyncio.sleep(i * gap)
             while not done.is_set():

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from tests.fixtures.sim import SimEngine, SimGroup
 
 CONFORMANCE = Path(__file__).parent / "conformance"
@@ -58,7 +58,7 @@ def versioned(request: pytest.FixtureRequest, sim_group: Callable[..., SimGroup]
 
 
 def _events(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    with httpx.stream("POST", f"{url}{path}", json=body, timeout=30) as response:
+    with loopback.stream("POST", f"{url}{path}", json=body, timeout=30) as response:
         assert response.status_code == 200
         lines = [line for line in response.iter_lines() if line.startswith("data: {")]
     return [json.loads(line[6:]) for line in lines]
@@ -69,22 +69,22 @@ def test_loads_and_metrics_match_the_release(sim_group: Callable[..., SimGroup])
         samples = _samples(version)
         group = sim_group(time_scale=0.02, sglang_version=version)
         # 200 tokens at accept length 2 are ~100 decode batches: past the first 40-batch fold
-        httpx.post(f"{group.eagle_url}/v1/completions", timeout=30, json={
+        loopback.post(f"{group.eagle_url}/v1/completions", timeout=30, json={
             "model": "m", "prompt": "p", "max_tokens": 200, "ignore_eos": True}).raise_for_status()
-        loads = httpx.get(f"{group.eagle_url}/v1/loads").json()
+        loads = loopback.get(f"{group.eagle_url}/v1/loads").json()
         assert_same_shape(loads, samples["v1_loads"]["sample"])
         assert loads["version"] == version
-        get_load = httpx.get(f"{group.eagle_url}/get_load")
+        get_load = loopback.get(f"{group.eagle_url}/get_load")
         assert get_load.status_code == samples["get_load"]["status"]
         assert_same_shape(get_load.json(), samples["get_load"]["sample"])
-        ready = httpx.get(f"{group.eagle_url}/ready")
+        ready = loopback.get(f"{group.eagle_url}/ready")
         assert ready.status_code == samples["ready"]["status"]
         if "text" in samples["ready"]:
             assert ready.text == samples["ready"]["text"]
         else:
             assert ready.json() == samples["ready"]["sample"]
         families = {f.name: f for f in text_string_to_metric_families(
-            httpx.get(f"{group.eagle_url}/metrics").text)}
+            loopback.get(f"{group.eagle_url}/metrics").text)}
         scheduler = samples["metrics_scheduler_labels"]["labels"]
         tokenizer = samples["metrics_tokenizer_labels"]
         assert sorted(families["sglang:num_running_reqs"].samples[0].labels) == scheduler
@@ -120,11 +120,11 @@ def test_chunks_errors_and_aborts_match_the_release(
     assert completion[-1]["choices"][0]["finish_reason"] == "length"
     assert all(c["choices"][0]["finish_reason"] is None for c in completion[:-1])
     assert "".join(c["choices"][0]["text"] for c in completion)  # no empty finish chunk
-    invalid = httpx.post(f"{url}/v1/chat/completions", json={"model": "m"})
+    invalid = loopback.post(f"{url}/v1/chat/completions", json={"model": "m"})
     assert invalid.status_code == samples["validation_error"]["status"]
     assert_same_shape(invalid.json(), samples["validation_error"]["sample"])
     assert invalid.json()["type"] == samples["validation_error"]["sample"]["type"]
-    aborted = httpx.post(f"{url}/abort_request", json={"rid": "nobody"})
+    aborted = loopback.post(f"{url}/abort_request", json={"rid": "nobody"})
     assert aborted.status_code == samples["abort_request"]["status"]
     assert aborted.text == samples["abort_request"]["text"]
 
@@ -136,10 +136,10 @@ def test_queue_full_matches_the_release(sim_group: Callable[..., SimGroup], vers
                       extra_args=("--max-queued-requests", "0"))
     samples = _samples(version)
     body = {"model": "m", "messages": CHAT, "max_tokens": 3}
-    refused = httpx.post(f"{group.baseline_url}/v1/chat/completions", json=body, timeout=10)
+    refused = loopback.post(f"{group.baseline_url}/v1/chat/completions", json=body, timeout=10)
     expected = samples["queue_full_non_stream"]
     assert refused.status_code == expected["status"] and refused.json() == expected["sample"]
-    with httpx.stream("POST", f"{group.baseline_url}/v1/chat/completions",
+    with loopback.stream("POST", f"{group.baseline_url}/v1/chat/completions",
                       json={**body, "stream": True}, timeout=10) as response:
         assert response.status_code == 200
         assert response.read().decode() == samples["queue_full_stream"]["text"]

@@ -6,10 +6,10 @@ import socket
 import time
 from collections.abc import Callable
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from specrouter.sim.server import SGLANG_KEEP_ALIVE_S
 from tests.fixtures.sim import SimGroup
 
@@ -24,36 +24,36 @@ def group(sim_group: Callable[..., SimGroup]) -> SimGroup:
 def _generate_some(url: str) -> None:
     # 200 tokens at accept length 2: ~100 decode batches, past SGLang's first 40-batch fold
     body = {"model": "m", "prompt": "hello " * 50, "max_tokens": 200, "ignore_eos": True}
-    assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+    assert loopback.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
 
 
 def test_info_endpoints(group: SimGroup) -> None:
     url = group.eagle_url
-    models = httpx.get(f"{url}/v1/models").json()
+    models = loopback.get(f"{url}/v1/models").json()
     assert models["object"] == "list"
     model = models["data"][0]
     assert {"id", "object", "created", "owned_by", "root", "max_model_len"} <= set(model)
     assert model["owned_by"] == "sglang" and model["object"] == "model"
     for path in ("/model_info", "/get_model_info"):
-        info = httpx.get(f"{url}{path}").json()
+        info = loopback.get(f"{url}{path}").json()
         assert {"model_path", "tokenizer_path", "is_generation"} <= set(info)
     _generate_some(url)
     for path in ("/server_info", "/get_server_info"):
-        info = httpx.get(f"{url}{path}").json()
+        info = loopback.get(f"{url}{path}").json()
         assert info["speculative_algorithm"] == "EAGLE3" and "version" in info
         assert info["max_running_requests"] == 48
         assert info["internal_states"][0]["avg_spec_accept_length"] > 1.0
         assert "last_gen_throughput" in info["internal_states"][0]
-    baseline_info = httpx.get(f"{group.baseline_url}/server_info").json()
+    baseline_info = loopback.get(f"{group.baseline_url}/server_info").json()
     assert baseline_info["speculative_algorithm"] is None
     assert "avg_spec_accept_length" not in baseline_info["internal_states"][0]
 
 
 def test_health_and_ready(group: SimGroup) -> None:
     for pool in ("eagle", "baseline"):
-        assert httpx.get(f"{group.url(pool)}/health", timeout=10).status_code == 200
-        assert httpx.get(f"{group.url(pool)}/health_generate", timeout=10).status_code == 200
-        ready = httpx.get(f"{group.url(pool)}/ready")
+        assert loopback.get(f"{group.url(pool)}/health", timeout=10).status_code == 200
+        assert loopback.get(f"{group.url(pool)}/health_generate", timeout=10).status_code == 200
+        ready = loopback.get(f"{group.url(pool)}/ready")
         assert ready.status_code == 200 and ready.content == b""  # 0.5.23, the default
 
 
@@ -61,7 +61,7 @@ def test_health_and_ready(group: SimGroup) -> None:
 def test_loads_and_get_load(sim_group: Callable[..., SimGroup], version: str) -> None:
     group = sim_group(time_scale=0.02, sglang_version=version)
     _generate_some(group.eagle_url)
-    loads = httpx.get(f"{group.eagle_url}/v1/loads?include=core,spec,queues").json()
+    loads = loopback.get(f"{group.eagle_url}/v1/loads?include=core,spec,queues").json()
     entry = loads["loads"][0]
     for key in ("num_running_reqs", "num_waiting_reqs", "num_used_tokens",
                 "max_total_num_tokens", "max_running_requests", "token_usage",
@@ -69,10 +69,10 @@ def test_loads_and_get_load(sim_group: Callable[..., SimGroup], version: str) ->
         assert key in entry, key
     assert entry["speculative"]["accept_length"] > 1.0
     assert "memory" not in entry  # sections not asked for are left out, as in SGLang
-    base = httpx.get(f"{group.baseline_url}/v1/loads").json()["loads"][0]
+    base = loopback.get(f"{group.baseline_url}/v1/loads").json()["loads"][0]
     assert "speculative" not in base and "memory" in base
-    bad = httpx.get(f"{group.eagle_url}/v1/loads?include=bogus")
-    load = httpx.get(f"{group.eagle_url}/get_load")
+    bad = loopback.get(f"{group.eagle_url}/v1/loads?include=bogus")
+    load = loopback.get(f"{group.eagle_url}/get_load")
     if version == "0.5.23":
         assert set(loads) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
         assert entry["dp_rank"] == 0 and isinstance(entry["timestamp"], float)
@@ -88,7 +88,7 @@ def test_loads_and_get_load(sim_group: Callable[..., SimGroup], version: str) ->
 
 def test_metrics_parse_with_sglang_names(group: SimGroup) -> None:
     _generate_some(group.eagle_url)
-    text = httpx.get(f"{group.eagle_url}/metrics").text
+    text = loopback.get(f"{group.eagle_url}/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for gauge in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
                   "sglang:gen_throughput", "sglang:cache_hit_rate", "sglang:spec_accept_length",
@@ -112,11 +112,11 @@ def test_metrics_parse_with_sglang_names(group: SimGroup) -> None:
 def test_generate_native(group: SimGroup) -> None:
     body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 7,
                                                                     "ignore_eos": True}}
-    out = httpx.post(f"{group.baseline_url}/generate", json=body, timeout=30).json()
+    out = loopback.post(f"{group.baseline_url}/generate", json=body, timeout=30).json()
     assert out["meta_info"]["completion_tokens"] == 7
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
     assert out["text"]
-    with httpx.stream("POST", f"{group.baseline_url}/generate", json={**body, "stream": True},
+    with loopback.stream("POST", f"{group.baseline_url}/generate", json={**body, "stream": True},
                       timeout=30) as response:
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
@@ -125,35 +125,35 @@ def test_generate_native(group: SimGroup) -> None:
 
 def test_errors_are_flat(group: SimGroup) -> None:
     url = f"{group.eagle_url}/v1/chat/completions"
-    bad = httpx.post(url, json={"model": "m"})
+    bad = loopback.post(url, json={"model": "m"})
     assert bad.status_code == 400
     body = bad.json()
     # request validation: FastAPI's RequestValidationError handler, type HTTPStatus phrase
     assert body["object"] == "error" and body["code"] == 400 and body["type"] == "Bad Request"
     assert set(body) == {"object", "message", "type", "param", "code"}
-    form = httpx.post(url, content=b"{}", headers={"content-type": "text/plain"})
+    form = loopback.post(url, content=b"{}", headers={"content-type": "text/plain"})
     assert form.status_code == 400 and "application/json" in form.json()["message"]
-    not_json = httpx.post(url, content=b"{", headers={"content-type": "application/json"})
+    not_json = loopback.post(url, content=b"{", headers={"content-type": "application/json"})
     assert not_json.status_code == 400
-    too_long = httpx.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}],
-                                     "max_tokens": 10**7})
+    too_long = loopback.post(url, json={"model": "m", "max_tokens": 10**7,
+                                        "messages": [{"role": "user", "content": "x"}]})
     assert too_long.status_code == 400 and "maximum context length" in too_long.json()["message"]
     assert too_long.json()["type"] == "BadRequestError"  # a ValueError from the tokenizer
 
 
 def test_stop_strings_and_eos(group: SimGroup) -> None:
     url = f"{group.baseline_url}/v1/completions"
-    full = httpx.post(url, json={"model": "m", "prompt": "p", "max_tokens": 40,
+    full = loopback.post(url, json={"model": "m", "prompt": "p", "max_tokens": 40,
                                  "ignore_eos": True}, timeout=30).json()
     text = full["choices"][0]["text"]
     stop = text[10:14]
-    cut = httpx.post(url, json={"model": "m", "prompt": "p", "max_tokens": 40,
+    cut = loopback.post(url, json={"model": "m", "prompt": "p", "max_tokens": 40,
                                 "ignore_eos": True, "stop": [stop]}, timeout=30).json()
     assert cut["choices"][0]["finish_reason"] == "stop"
     assert cut["choices"][0]["matched_stop"] == stop
     assert cut["choices"][0]["text"] == text[:text.index(stop)]
     # without ignore_eos the profile's output-length distribution decides, capped by max_tokens
-    lengths = {httpx.post(url, json={"model": "m", "prompt": f"q{i}", "max_tokens": 2000},
+    lengths = {loopback.post(url, json={"model": "m", "prompt": f"q{i}", "max_tokens": 2000},
                           timeout=60).json()["usage"]["completion_tokens"] for i in range(5)}
     assert len(lengths) > 1 and max(lengths) <= 2000
 
@@ -161,15 +161,15 @@ def test_stop_strings_and_eos(group: SimGroup) -> None:
 def test_api_key(sim_group: Callable[..., SimGroup]) -> None:
     group = sim_group(api_key="sekret-key")
     url = group.eagle_url
-    denied = httpx.get(f"{url}/v1/models")
+    denied = loopback.get(f"{url}/v1/models")
     assert denied.status_code == 401 and denied.json() == {"error": "Unauthorized"}
-    assert httpx.post(f"{url}/v1/chat/completions", json={}).status_code == 401
-    assert httpx.get(f"{url}/v1/models",
+    assert loopback.post(f"{url}/v1/chat/completions", json={}).status_code == 401
+    assert loopback.get(f"{url}/v1/models",
                      headers={"Authorization": "Bearer sekret-key"}).status_code == 200
-    assert httpx.get(f"{url}/metrics").status_code == 200
-    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{url}/metrics").status_code == 200
+    assert loopback.get(f"{url}/health", timeout=10).status_code == 200
     assert "sekret-key" not in " ".join(group.process.argv)
-    assert "sekret-key" not in httpx.get(
+    assert "sekret-key" not in loopback.get(
         f"{url}/server_info", headers={"Authorization": "Bearer sekret-key"}).text
 
 

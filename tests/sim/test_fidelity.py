@@ -15,6 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import loopback
 from tests.fixtures.procs import wait_until
 from tests.fixtures.sim import SimEngine, SimGroup
 
@@ -22,7 +23,7 @@ LONG = {"model": "m", "prompt": "p", "max_tokens": 100000, "ignore_eos": True}
 
 
 def _complete(url: str, tokens: int, **extra: Any) -> dict[str, Any]:
-    response = httpx.post(f"{url}/v1/completions", timeout=60, json={
+    response = loopback.post(f"{url}/v1/completions", timeout=60, json={
         "model": "m", "prompt": "p", "max_tokens": tokens, "ignore_eos": True, **extra})
     response.raise_for_status()
     result: dict[str, Any] = response.json()
@@ -30,14 +31,14 @@ def _complete(url: str, tokens: int, **extra: Any) -> dict[str, Any]:
 
 
 def _gauge(url: str, name: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+    for family in text_string_to_metric_families(loopback.get(f"{url}/metrics").text):
         if family.name == name:
             return float(family.samples[0].value)
     raise AssertionError(f"{name} missing")
 
 
 def _loads_entry(url: str) -> dict[str, Any]:
-    entry: dict[str, Any] = httpx.get(f"{url}/v1/loads").json()["loads"][0]
+    entry: dict[str, Any] = loopback.get(f"{url}/v1/loads").json()["loads"][0]
     return entry
 
 
@@ -56,9 +57,9 @@ def test_accept_length_lifetime_in_loads_windowed_in_metrics(
     window = _gauge(engine.url, "sglang:spec_accept_length")
     assert window == pytest.approx(1.2, abs=0.15)  # the last 40 batches only
     assert after > 2.2  # the lifetime mean barely moved
-    info = httpx.get(f"{engine.url}/server_info").json()["internal_states"][0]
+    info = loopback.get(f"{engine.url}/server_info").json()["internal_states"][0]
     assert info["avg_spec_accept_length"] == pytest.approx(after, abs=0.05)
-    httpx.post(f"{engine.url}/flush_cache").raise_for_status()
+    loopback.post(f"{engine.url}/flush_cache").raise_for_status()
     _complete(engine.url, 2)  # a prefill publishes a fresh snapshot
     assert "speculative" not in _loads_entry(engine.url)  # reset until the next fold
 
@@ -77,7 +78,7 @@ class OpenStream:
 
 
 def _open_stream(url: str, body: dict[str, Any]) -> OpenStream:
-    client = httpx.Client(timeout=30)
+    client = loopback.client(timeout=30)
     cm = client.stream("POST", f"{url}/v1/chat/completions", json=body)
     lines = cm.__enter__().iter_lines()
     next(lines)
@@ -107,7 +108,7 @@ def test_queued_request_is_noticed_at_the_4s_poll(sim_engine: Callable[..., SimE
     stream = _open_stream(engine.url, CHAT_LONG)
     sent_at = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):  # a queued stream: no head, no byte
-        httpx.post(f"{engine.url}/v1/chat/completions", json=CHAT_LONG,
+        loopback.post(f"{engine.url}/v1/chat/completions", json=CHAT_LONG,
                    timeout=httpx.Timeout(30, read=0.2))
     state = engine.state()
     assert state["waiting"] == 1 and state["aborted"] == 0  # still holds its queue place
@@ -123,13 +124,13 @@ def test_abort_request_by_rid(sim_engine: Callable[..., SimEngine]) -> None:
     result: dict[str, Any] = {}
 
     def run() -> None:
-        result["body"] = httpx.post(f"{engine.url}/v1/completions", timeout=30,
+        result["body"] = loopback.post(f"{engine.url}/v1/completions", timeout=30,
                                     json={**LONG, "rid": "router-rid-1"}).json()
 
     worker = threading.Thread(target=run)
     worker.start()
     wait_until(lambda: engine.state()["running"] == 1, 10, "request running")
-    answer = httpx.post(f"{engine.url}/abort_request", json={"rid": "router-rid-1"})
+    answer = loopback.post(f"{engine.url}/abort_request", json={"rid": "router-rid-1"})
     assert answer.status_code == 200 and answer.content == b""
     worker.join(10)
     assert result["body"]["id"] == "router-rid-1"
@@ -144,22 +145,22 @@ def test_health_skips_the_queue_and_a_wedged_scheduler_fails_it(
     stream = _open_stream(engine.url, CHAT_LONG)
     assert engine.state()["running"] == 1  # busy: SGLang does not queue /health behind it
     started = time.monotonic()
-    assert httpx.get(f"{engine.url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{engine.url}/health", timeout=10).status_code == 200
     took = time.monotonic() - started
     assert 1.0 * scale <= took < 2.5, took  # acked after the current batch, at the 1 s poll
     engine.control(wedged=True)
-    assert httpx.get(f"{engine.url}/ready").status_code == 200  # /ready cannot tell
+    assert loopback.get(f"{engine.url}/ready").status_code == 200  # /ready cannot tell
     steps = engine.state()["decode_steps"]
-    assert httpx.get(f"{engine.url}/health", timeout=10).status_code == 503  # after 20 sim-s
+    assert loopback.get(f"{engine.url}/health", timeout=10).status_code == 503  # after 20 sim-s
     assert engine.state()["decode_steps"] == steps  # nothing moved
-    ready = httpx.get(f"{engine.url}/ready")
+    ready = loopback.get(f"{engine.url}/ready")
     assert ready.status_code == 503 and ready.content == b""
     engine.control(wedged=False)
-    assert httpx.get(f"{engine.url}/health", timeout=10).status_code == 200
-    assert httpx.get(f"{engine.url}/ready").status_code == 200
+    assert loopback.get(f"{engine.url}/health", timeout=10).status_code == 200
+    assert loopback.get(f"{engine.url}/ready").status_code == 200
     engine.control(starting=True)
-    assert httpx.get(f"{engine.url}/health").status_code == 503
-    assert httpx.get(f"{engine.url}/ready").status_code == 503
+    assert loopback.get(f"{engine.url}/health").status_code == 503
+    assert loopback.get(f"{engine.url}/ready").status_code == 503
     stream.close()
 
 
@@ -182,7 +183,7 @@ def test_loads_snapshot_freshness_and_empty_reader(sim_group: Callable[..., SimG
     time.sleep(0.05)
     assert _loads_entry(url)["timestamp"] > first  # an idle scheduler publishes on every loop
     group.control("baseline", loads_reader_detached=True)
-    assert httpx.get(f"{url}/v1/loads").json()["loads"] == []
+    assert loopback.get(f"{url}/v1/loads").json()["loads"] == []
 
 
 def test_loads_live_on_0_5_10(sim_group: Callable[..., SimGroup]) -> None:
@@ -190,13 +191,13 @@ def test_loads_live_on_0_5_10(sim_group: Callable[..., SimGroup]) -> None:
                       extra_args=("--max-running-requests", "1"))
     url = group.baseline_url
     stream = _open_stream(url, CHAT_LONG)
-    with httpx.Client(timeout=httpx.Timeout(30, read=0.3)) as other, \
+    with loopback.client(timeout=httpx.Timeout(30, read=0.3)) as other, \
             pytest.raises(httpx.ReadTimeout):
         other.post(f"{url}/v1/chat/completions", json=CHAT_LONG)
-    entry = httpx.get(f"{url}/v1/loads").json()["loads"][0]
+    entry = loopback.get(f"{url}/v1/loads").json()["loads"][0]
     assert entry["num_waiting_reqs"] == 1 and entry["num_running_reqs"] == 1
     assert "dp_rank" not in entry and "timestamp" not in entry
-    assert httpx.get(f"{url}/v1/loads?dp_rank=0").json()["loads"] == []
+    assert loopback.get(f"{url}/v1/loads?dp_rank=0").json()["loads"] == []
     stream.close()
 
 
@@ -206,7 +207,7 @@ def test_priority_series_in_metrics(sim_engine: Callable[..., SimEngine]) -> Non
     streams = [_open_stream(engine.url, {**CHAT_LONG, "priority": p}) for p in (1, 1, 2)]
     wait_until(lambda: engine.state()["decode_steps"] > 45, 20, "a decode log")
     families = {f.name: f for f in text_string_to_metric_families(
-        httpx.get(f"{engine.url}/metrics").text)}
+        loopback.get(f"{engine.url}/metrics").text)}
     running = {s.labels["priority"]: s.value for s in families["sglang:num_running_reqs"].samples}
     assert running == {"": 3.0, "1": 2.0, "2": 1.0}  # the total AND each priority
     assert families["sglang:token_usage"].samples[0].labels["priority"] == ""
@@ -218,7 +219,7 @@ def test_generate_events_and_spec_meta(sim_group: Callable[..., SimGroup]) -> No
     group = sim_group(time_scale=0.02)
     body = {"text": "q", "sampling_params": {"max_new_tokens": 20, "ignore_eos": True},
             "stream": True}
-    with httpx.stream("POST", f"{group.eagle_url}/generate", json=body, timeout=30) as response:
+    with loopback.stream("POST", f"{group.eagle_url}/generate", json=body, timeout=30) as response:
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     events = [json.loads(line[6:]) for line in lines[:-1]]

@@ -10,10 +10,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
+from loadtest import loopback
 from specrouter.sim import prefix, protocol
 from specrouter.sim.engine import Engine, HitRateWindow, SimRequest
 from specrouter.sim.gpu import SharedGpu, SimClock
@@ -168,7 +168,7 @@ def test_a_small_pool_evicts_and_misses() -> None:
 # --- over HTTP --------------------------------------------------------------------------------
 
 def _gauge(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
+    text = loopback.get(f"{url}/metrics").text
     match = re.search(rf"^{re.escape(name)}{{[^}}]*}} (\S+)$", text, re.MULTILINE)
     assert match, name
     return float(match.group(1))
@@ -182,7 +182,7 @@ def test_cached_tokens_reported_as_sglang_reports_them(
     first = client.chat.completions.create(model="m", messages=messages,  # type: ignore[arg-type]
                                            max_tokens=16)
     assert first.usage is not None
-    if httpx.get(f"{engine.url}/server_info").json()["version"] == "0.5.10":
+    if loopback.get(f"{engine.url}/server_info").json()["version"] == "0.5.10":
         assert first.usage.prompt_tokens_details is None  # 0.5.10 omits a zero count
     else:
         assert first.usage.prompt_tokens_details is not None
@@ -198,22 +198,22 @@ def test_cached_tokens_reported_as_sglang_reports_them(
     assert hit is not None and usage.prompt_tokens - 20 < hit < usage.prompt_tokens
     assert _gauge(engine.url, "sglang:cache_hit_rate") == pytest.approx(
         hit / usage.prompt_tokens, abs=0.01)
-    loads = httpx.get(f"{engine.url}/v1/loads").json()["loads"][0]
+    loads = loopback.get(f"{engine.url}/v1/loads").json()["loads"][0]
     assert loads["cache_hit_rate"] == pytest.approx(hit / usage.prompt_tokens, abs=0.01)
     text = "shared context " * 300
-    gen = httpx.post(f"{engine.url}/generate", json={
+    gen = loopback.post(f"{engine.url}/generate", json={
         "text": text + "one", "sampling_params": {"max_new_tokens": 4}}).json()
     assert gen["meta_info"]["cached_tokens"] == 0
-    gen = httpx.post(f"{engine.url}/generate", json={
+    gen = loopback.post(f"{engine.url}/generate", json={
         "text": text + "two", "sampling_params": {"max_new_tokens": 4}}).json()
     shared = len(text + "one") // prefix.BLOCK_CHARS * prefix.BLOCK_CHARS
     assert gen["meta_info"]["cached_tokens"] == shared // 4  # the whole blocks both share
     state = engine.state()
     assert state["cached_tokens"] == hit + shared // 4
     assert state["prefill_tokens"] == state["prompt_tokens"] - state["cached_tokens"]
-    httpx.post(f"{engine.url}/flush_cache").raise_for_status()
+    loopback.post(f"{engine.url}/flush_cache").raise_for_status()
     assert engine.state()["cache_tokens"] == 0
-    gen = httpx.post(f"{engine.url}/generate", json={
+    gen = loopback.post(f"{engine.url}/generate", json={
         "text": text + "two", "sampling_params": {"max_new_tokens": 4}}).json()
     assert gen["meta_info"]["cached_tokens"] == 0
 
@@ -253,11 +253,11 @@ def test_the_memory_split_of_a_pair_decides_its_hit_rates(
         "--eagle-max-total-tokens", "2000", "--baseline-max-total-tokens", "900000"))
     hits = {}
     for pool in ("eagle", "baseline"):
-        assert httpx.get(f"{group.url(pool)}/server_info").json()["max_total_num_tokens"] == \
+        assert loopback.get(f"{group.url(pool)}/server_info").json()["max_total_num_tokens"] == \
             (2000 if pool == "eagle" else 900000)
         messages = _chat("first question")
         for _ in range(2):
-            answer = httpx.post(f"{group.url(pool)}/v1/chat/completions", json={
+            answer = loopback.post(f"{group.url(pool)}/v1/chat/completions", json={
                 "model": "m", "messages": messages, "max_tokens": 8}).json()
             messages = [*messages, answer["choices"][0]["message"],
                         {"role": "user", "content": "next"}]

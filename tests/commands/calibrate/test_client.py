@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import httpx
 
+from loadtest import loopback
 from specrouter.commands.calibrate.client import LoadShape, PoolClient, read_accept_length
 from specrouter.commands.calibrate.measure import LevelResult
 from specrouter.observe.telemetry import parse_v1_loads
@@ -29,7 +30,7 @@ def test_a_level_reads_the_window_of_its_own_steps(sim_group: Callable[..., SimG
     url = group.url("eagle")
 
     async def run() -> tuple[float | None, float | None]:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with loopback.async_client(timeout=60.0) as client:
             group.control("eagle", accept_length=3.0)
             await _level(url, client, 12)
             group.control("eagle", accept_length=1.2)
@@ -51,7 +52,7 @@ def test_every_request_pays_its_whole_prefill(sim_group: Callable[..., SimGroup]
     url = group.url("baseline")
 
     async def run() -> None:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with loopback.async_client(timeout=60.0) as client:
             for _ in range(2):
                 await _level(url, client, 4, LoadShape(1000, 8, "sim"))
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
+from loadtest import loopback
 from tests.fixtures.router import RouterFactory
 from tests.fixtures.sim import SimGroup
 
@@ -57,7 +57,7 @@ def test_a_multi_turn_session_stays_on_its_backend_and_its_prefix_is_cached(
     assert len({backend for backend, _ in seen}) == 1, seen
     # every later turn finds at least the earlier prompt in the engine's cache
     assert all(cached > 10_000 for _, cached in seen[1:]), seen
-    stats = httpx.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"]
+    stats = loopback.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"]
     assert stats["hits"] >= 3 and stats["sessions"] == 1
     proc.wait_idle()
 
@@ -82,7 +82,7 @@ def test_a_client_streaming_without_usage_gets_none_and_the_router_reads_the_cac
         model="default", messages=messages, max_tokens=8, stream=True,
         stream_options={"include_usage": True}))
     assert asked[-1].choices == [] and asked[-1].usage is not None  # asked: it is kept
-    retention = httpx.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"]["retention"]
+    retention = loopback.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"]["retention"]
     # a report counts where the index predicted a cached prefix: every turn but the first
     assert retention["gpu0-baseline"]["samples"] == 3, retention
     proc.wait_idle()
@@ -102,7 +102,7 @@ def test_the_router_judges_each_servers_streamed_pace_against_the_tpot_objective
     client = openai.OpenAI(base_url=proc.v1, api_key="unused", max_retries=0, timeout=30.0)
 
     def objective() -> Any:
-        return httpx.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"][
+        return loopback.get(f"{proc.url}/policy", timeout=5.0).json()["affinity"][
             "tpot_objective"]
 
     assert objective() == {"slo_ms": 10000.0, "backends": {
