@@ -405,15 +405,22 @@ class TelemetryPoller:
                 return sample
         st.source = None
         st.misses += 1
-        if st.misses == SEARCH_MISSES and self.delay(backend.name) > self.interval:
+        if st.misses == SEARCH_MISSES and self._searches_slower:
             log.warning("backend %s answered none of %s in %d polls: the router counts its own "
                         "requests to it as its load, and looks again every %g s",
                         backend.name, ", ".join(_endpoint(s) for s in SOURCES),
                         st.misses, self.delay(backend.name))
         return None
 
+    @property
+    def _searches_slower(self) -> bool:
+        """Whether a backend that answers none of the sources is polled less often."""
+        return self.interval < SEARCH_INTERVAL_S
+
     def _answered(self, backend: Backend, st: _PollState, source: str) -> None:
-        if self.delay(backend.name) > self.interval:
+        """Says in the log when a backend searched at the slower pace answers again (an
+        idle backend's longer interval is no search, and says nothing)."""
+        if st.misses >= SEARCH_MISSES and self._searches_slower:
             log.info("backend %s: its load is read from %s again", backend.name,
                      _endpoint(source))
         st.misses = 0

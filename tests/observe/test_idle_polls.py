@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+
+import pytest
 
 from specrouter.backends import Backend
 from specrouter.config import HealthSettings, TelemetrySettings
@@ -70,7 +73,8 @@ async def loads_server() -> AsyncIterator[tuple[LoadsServer, Backend]]:
         yield state, Backend("e", f"http://127.0.0.1:{port}", "eagle", "gpu0")
 
 
-def test_an_idle_server_waits_the_idle_interval_until_a_request_is_routed_to_it() -> None:
+def test_an_idle_server_waits_the_idle_interval_until_a_request_is_routed_to_it(
+        caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
         busy = {"e": False}
         lv = LoadView(poll_interval=INTERVAL_S, idle_poll_interval=IDLE_S)
@@ -99,7 +103,10 @@ def test_an_idle_server_waits_the_idle_interval_until_a_request_is_routed_to_it(
                 server.running = 0
                 await eventually(lambda: poller.delay("e") == IDLE_S, 10.0, "idle again")
 
-    asyncio.run(scenario())
+    with caplog.at_level(logging.INFO, "specrouter.observe.telemetry"):
+        asyncio.run(scenario())
+    # the idle interval is no search for a lost load endpoint: nothing to say in the log
+    assert not [r for r in caplog.records if "again" in r.getMessage()], caplog.text
 
 
 def test_a_request_routed_to_an_idle_group_brings_its_servers_next_polls() -> None:
