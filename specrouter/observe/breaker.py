@@ -2,7 +2,9 @@
 
 closed --N failures within window_s--> open --cooldown_s--> half_open (one trial request
 at a time); half_open --M successes--> closed; half_open --any failure--> open (the
-cool-down restarts).
+cool-down restarts). A trial that ends without a verdict (its client left before the
+engine answered, or it was recalled or handed over) frees its slot as it ends; one whose
+end is never told frees it after probe_timeout_s.
 
 The breaker sits on top of the active health checks because those are slow (SGLang's
 /health runs a generation): passive outcomes of real requests react within a few requests.
@@ -76,6 +78,18 @@ class CircuitBreaker:
         if self._state is BreakerState.HALF_OPEN:
             self._trial_started = now
         return True
+
+    @property
+    def trial_started(self) -> float | None:
+        """When the half-open trial in flight was claimed (None: none is)."""
+        return self._trial_started
+
+    def end_trial(self, claimed_at: float) -> None:
+        """The trial claimed at `claimed_at` ended without an outcome: its slot is free
+        for the next request now. A trial that was recorded already, and any later
+        trial, are left alone."""
+        if self._state is BreakerState.HALF_OPEN and self._trial_started == claimed_at:
+            self._trial_started = None
 
     def record_success(self, now: float) -> None:
         st = self.state(now)
@@ -165,6 +179,12 @@ class HealthRecord:
         allowed = self.checks_ok() and self.breaker.allow_request(now)
         self._changed_from(before)
         return allowed
+
+    def end_trial(self, claimed_at: float) -> None:
+        """`CircuitBreaker.end_trial`."""
+        before = self._health_state()
+        self.breaker.end_trial(claimed_at)
+        self._changed_from(before)
 
     def _health_state(self) -> tuple[bool, BreakerState, float | None]:
         b = self.breaker

@@ -94,9 +94,19 @@ class HealthChecker:
     def _health_changed(self) -> None:
         self._version += 1
 
-    def allow_request(self, name: str, now: float | None = None) -> bool:
-        """Call when dispatching to `name`: in half-open state this takes the trial slot."""
-        return self.records[name].allow_request(self._clock() if now is None else now)
+    def claim(self, name: str, now: float | None = None) -> float | None:
+        """Call when dispatching to `name`: in half-open state this takes the trial slot.
+        Returns when the slot was taken (None: this dispatch took none), which
+        `end_trial` is given as the request ends."""
+        record = self.records[name]
+        at = self._clock() if now is None else now
+        record.allow_request(at)
+        return at if record.breaker.trial_started == at and not record.breaker.closed else None
+
+    def end_trial(self, name: str, claimed_at: float) -> None:
+        """The request that took `name`'s trial slot at `claimed_at` ended: a trial it
+        gave no outcome frees the slot (`CircuitBreaker.end_trial`)."""
+        self.records[name].end_trial(claimed_at)
 
     def record_outcome(self, name: str, ok: bool, error: str | None = None) -> None:
         record = self.records[name]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from specrouter.backends import POOL_HEADER, Backend, Pool, other_pool
@@ -170,7 +170,9 @@ class LoadAwareRouter:
             target = self._route_pool(groups, request.pool, policy.load_signal)
         else:
             target = self._decide(groups, policy, request, now)
-        self.monitor.health.allow_request(target.backend.name, now)  # claims a half-open slot
+        trial = self.monitor.health.claim(target.backend.name, now)
+        if trial is not None:
+            target = replace(target, trial=trial)
         if self._metrics is not None:
             self._metrics.observe_decision(target.pool, target.reason, target.group)
             if request.handed_over:
@@ -188,6 +190,8 @@ class LoadAwareRouter:
 
     def release(self, target: Target) -> None:
         self.monitor.release(id(target), target.backend.name, own=target.own)
+        if target.trial is not None:
+            self.monitor.health.end_trial(target.backend.name, target.trial)
         self._recalls.forget(target)
         if self._affinity is not None:
             self._affinity.end(target.session)

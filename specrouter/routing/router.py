@@ -120,6 +120,10 @@ class Target:
     # a request of the router's own (a cost probe's generation, a goodput shadow probe):
     # in flight like a client's, but no part of the clients' sustained load
     own: bool = False
+    # when this request took `backend`'s half-open trial slot (None: it took none): its
+    # release frees the slot if it ended without an outcome, so a client that leaves
+    # before the engine answers does not keep the backend out for the trial's timeout
+    trial: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,3 +83,21 @@ def test_config_validation() -> None:
     with pytest.raises(ValidationError) as exc:
         BreakerConfig(failure_threshold=0, cooldown_s=-1)
     assert {e["loc"] for e in exc.value.errors()} == {("failure_threshold",), ("cooldown_s",)}
+
+
+def test_a_trial_ended_without_an_outcome_frees_its_slot_at_once() -> None:
+    b = CircuitBreaker(CFG)  # probe_timeout_s 30
+    for t in (0.0, 0.1, 0.2):
+        b.record_failure(t)
+    assert b.allow_request(5.2) and b.trial_started == 5.2
+    assert not b.available(5.3)
+    b.end_trial(5.2)  # its client left before the engine answered
+    assert b.available(5.3) and b.state(5.3) is BreakerState.HALF_OPEN
+    # A later trial is not freed by the end of an earlier one...
+    assert b.allow_request(5.4)
+    b.end_trial(5.2)
+    assert not b.available(5.5)
+    # ...nor is a verdict undone: a recorded failure keeps the breaker open.
+    b.record_failure(5.6)
+    b.end_trial(5.4)
+    assert b.state(5.7) is BreakerState.OPEN and not b.available(5.7)

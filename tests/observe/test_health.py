@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from loadtest import loopback
 from specrouter.backends import Backend
 from specrouter.config import HealthSettings
 from specrouter.observe.breaker import BreakerConfig
@@ -48,7 +49,7 @@ class Engine:
 
 
 def checker(engine: Engine, clock: list[float]) -> HealthChecker:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(engine))
+    client = loopback.async_client(transport=httpx.MockTransport(engine))
     return HealthChecker([EAGLE], SETTINGS, BreakerConfig(), clock=lambda: clock[0],
                          client=client)
 
@@ -137,7 +138,7 @@ def test_the_kept_health_flags_read_as_every_backend_asked_now(steps: list[Any])
         elif kind == "outcome":
             health.record_outcome(name, ok)
         elif kind == "dispatch":
-            health.allow_request(name, clock[0])
+            health.claim(name, clock[0])
         elif kind == "wait":
             clock[0] += i / 10
         assert health.flags(names, clock[0]) == tuple(health.healthy(n, clock[0])

@@ -195,6 +195,23 @@ def test_breaker_takes_a_backend_out_and_a_probe_brings_it_back() -> None:
     assert router.healthy("g0-e") and router.details()["backends"][0]["breaker"] == "closed"
 
 
+def test_a_trial_request_that_ends_without_an_outcome_frees_the_slot_as_it_leaves() -> None:
+    """A half-open backend's trial whose client left before the engine answered (no
+    outcome) gives the slot back at its release, not after the trial's 30 s timeout."""
+    router, clock = make(ONE_GROUP)
+    for _ in range(2):
+        router.record_outcome("g0-e", False, "HTTP 503")
+    clock.now += 5.0
+    trial = admit(router)
+    assert trial.backend.name == "g0-e" and trial.trial == clock.now
+    assert not router.healthy("g0-e")
+    clock.now += 0.1
+    router.release(trial)
+    assert router.healthy("g0-e")
+    # the next trial gets the slot; a request that took none carries no claim
+    assert admit(router).backend.name == "g0-e" and admit(router).trial is None
+
+
 def test_client_header_rules() -> None:
     allowed, _ = make(ONE_GROUP, allow_client_override=True)
     assert allowed.choose(RequestInfo("/v1/chat/completions",
