@@ -6,11 +6,11 @@ the router's in-flight counts are back to zero."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
-import httpx
-
+from loadtest import loopback
 from tests.drills.conftest import (
     FAST_BREAKER,
     DrillFactory,
@@ -54,6 +54,37 @@ def test_5xx_answers_pass_through_then_the_breaker_moves_traffic(drill: DrillFac
     assert 1 <= len(failed) <= FAST_BREAKER["failure_threshold"], first
     assert all(o.status == 500 and "injected" in (o.error or "") for o in failed)
     assert _failures(then) == [] and {o.pool for o in then} == {"baseline"}, then
+    assert_idle(d.router)
+
+
+def test_a_half_open_trial_whose_client_leaves_frees_the_backend_as_it_ends(
+        drill: DrillFactory) -> None:
+    """The one trial request a half-open breaker lets through, its client gone before the
+    engine answered: the backend takes requests again once that request is released,
+    not after the trial's timeout (`probe_timeout_s`, 30 s)."""
+    d = drill(env={"SPECROUTER_UPSTREAM__ABANDONED_HOLD_S": "1.0"})
+    d.sim().control("eagle", error_rate=1.0, error_status=500)
+    asyncio.run(run_load(d.url, 6, 1, SHORT))
+    d.wait_backend("gpu0-eagle", lambda b: b["breaker"] == "half_open", "half-open")
+    d.sim().control("eagle", error_rate=0.0, added_latency_ms=1500.0)
+
+    async def trial_then_leave() -> None:
+        async with loopback.async_client(timeout=30.0) as client:
+            trial = asyncio.ensure_future(
+                client.post(f"{d.url}/v1/chat/completions", json=SHORT))
+            await asyncio.to_thread(d.wait_backend, "gpu0-eagle",
+                                    lambda b: not b["healthy"], "its trial taken", 5.0)
+            trial.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await trial
+
+    asyncio.run(trial_then_leave())
+    d.wait_backend("gpu0-eagle", lambda b: b["healthy"] and b["breaker"] == "half_open",
+                   "the trial's slot free, its request released", timeout=10.0)
+    d.sim().control("eagle", added_latency_ms=0.0)
+    then = asyncio.run(run_load(d.url, 4, 1, SHORT))
+    assert _failures(then) == [] and {o.pool for o in then} == {"eagle"}, then
+    assert d.backend("gpu0-eagle")["breaker"] == "closed"
     assert_idle(d.router)
 
 
@@ -125,18 +156,27 @@ def test_whole_group_killed_mid_stream_then_back(drill: DrillFactory) -> None:
     results: list[Outcome] = []
 
     async def streams() -> None:
-        async with httpx.AsyncClient(timeout=60.0) as client:
+        async with loopback.async_client(timeout=60.0) as client:
             tasks = [asyncio.ensure_future(call(client, f"{d.url}/v1/chat/completions",
                                                 long_body, timeout=60.0)) for _ in range(4)]
+            seen: dict[str, int] = {}
+
             def both_groups_busy() -> bool:
                 # every stream is on an engine, not only in the router's counts: a stream
                 # still connecting when gpu0 dies is retried, not cut
-                received = {g: sum(httpx.get(f"{url}/sim/state").json()["requests"]
-                                   for url in (d.sim(g).eagle_url, d.sim(g).baseline_url))
-                            for g in ("gpu0", "gpu1")}
-                return sum(received.values()) == 4 and all(received.values())
+                for g in ("gpu0", "gpu1"):
+                    states = [loopback.get(f"{url}/sim/state").json()
+                              for url in (d.sim(g).eagle_url, d.sim(g).baseline_url)]
+                    seen[g] = sum(s["running"] + s["waiting"] for s in states)
+                return sum(seen.values()) == 4 and all(seen.values())
 
-            await asyncio.to_thread(wait_until, both_groups_busy, 20.0, "streams on both groups")
+            try:
+                await asyncio.to_thread(wait_until, both_groups_busy, 20.0, "streams")
+            except TimeoutError as timeout:
+                ended = [t.result() for t in tasks if t.done()]
+                raise AssertionError(f"streams on both groups, engines run {seen}, ended: "
+                                     f"{ended}; router: {d.router.process.output()[-3000:]}"
+                                     ) from timeout
             _kill(d.sim("gpu0").process)
             results.extend(await asyncio.gather(*tasks))
 
@@ -157,8 +197,8 @@ def test_whole_group_killed_mid_stream_then_back(drill: DrillFactory) -> None:
             d.wait_backend(name, lambda b: b["healthy"], "healthy again")
         after = asyncio.run(run_load(d.url, 12, 6, chat_body(8)))
         assert _failures(after) == [], after
-        assert httpx.get(f"{d.sim('gpu0').eagle_url}/sim/state").json()["requests"] \
-            + httpx.get(f"{d.sim('gpu0').baseline_url}/sim/state").json()["requests"] > 0
+        assert loopback.get(f"{d.sim('gpu0').eagle_url}/sim/state").json()["requests"] \
+            + loopback.get(f"{d.sim('gpu0').baseline_url}/sim/state").json()["requests"] > 0
         assert_idle(d.router)
         assert_alive(d.router)
     finally:
