@@ -79,11 +79,6 @@ class CircuitBreaker:
             self._trial_started = now
         return True
 
-    @property
-    def trial_started(self) -> float | None:
-        """When the half-open trial in flight was claimed (None: none is)."""
-        return self._trial_started
-
     def end_trial(self, claimed_at: float) -> None:
         """The trial claimed at `claimed_at` ended without an outcome: its slot is free
         for the next request now. A trial that was recorded already, and any later
@@ -179,6 +174,12 @@ class HealthRecord:
         allowed = self.checks_ok() and self.breaker.allow_request(now)
         self._changed_from(before)
         return allowed
+
+    def claim(self, now: float) -> float | None:
+        """`allow_request`, and `now` when it took the half-open trial slot (None: it
+        took none, or the request may not go here)."""
+        trial = not self.breaker.closed and self.breaker.available(now)
+        return now if self.allow_request(now) and trial else None
 
     def end_trial(self, claimed_at: float) -> None:
         """`CircuitBreaker.end_trial`."""

@@ -98,10 +98,7 @@ class HealthChecker:
         """Call when dispatching to `name`: in half-open state this takes the trial slot.
         Returns when the slot was taken (None: this dispatch took none), which
         `end_trial` is given as the request ends."""
-        record = self.records[name]
-        at = self._clock() if now is None else now
-        record.allow_request(at)
-        return at if record.breaker.trial_started == at and not record.breaker.closed else None
+        return self.records[name].claim(self._clock() if now is None else now)
 
     def end_trial(self, name: str, claimed_at: float) -> None:
         """The request that took `name`'s trial slot at `claimed_at` ended: a trial it

@@ -72,7 +72,8 @@ def test_health_record_combines_checks_and_outcomes() -> None:
     for t in (4.0, 4.1, 4.2):
         h.record_outcome(False, t, "HTTP 503")
     assert not h.healthy(4.3) and h.as_dict(4.3)["breaker"] == "open"
-    assert h.allow_request(9.3) and not h.healthy(9.4)  # trial slot claimed
+    assert h.claim(9.3) == 9.3 and not h.healthy(9.4)  # trial slot claimed
+    assert h.claim(9.3) is None  # taken: no second trial, even at the same instant
     h.record_outcome(True, 9.5)
     assert h.allow_request(9.6)
     h.record_outcome(True, 9.7)
@@ -89,7 +90,7 @@ def test_a_trial_ended_without_an_outcome_frees_its_slot_at_once() -> None:
     b = CircuitBreaker(CFG)  # probe_timeout_s 30
     for t in (0.0, 0.1, 0.2):
         b.record_failure(t)
-    assert b.allow_request(5.2) and b.trial_started == 5.2
+    assert b.allow_request(5.2)
     assert not b.available(5.3)
     b.end_trial(5.2)  # its client left before the engine answered
     assert b.available(5.3) and b.state(5.3) is BreakerState.HALF_OPEN
