@@ -24,7 +24,7 @@ from specrouter.edge.lifecycle import DRAIN_OPEN, Lifecycle, lifecycle_routes
 from specrouter.edge.models import ModelsRoute
 from specrouter.errors import openai_error_body
 from specrouter.proxy.fastpath import CallbackMetrics, FastPath
-from specrouter.proxy.forward import Proxy
+from specrouter.proxy.forward import Proxy, settle_resumed
 from specrouter.proxy.request import RouteKind
 from specrouter.proxy.response import send_json
 from specrouter.proxy.shadow import CostProber
@@ -97,6 +97,12 @@ class SpecRouterApp:
         if scope["type"] != "http" or scope["path"] in DRAIN_OPEN:
             await self.starlette(scope, receive, send)
             return
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            settle_resumed(scope)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         life = self.lifecycle
         if life.draining:
             body = openai_error_body(503, "the router is shutting down: retry on another "

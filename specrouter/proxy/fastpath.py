@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 
 from specrouter.errors import JSON_HEADERS, RouterError, openai_error_body
 from specrouter.proxy.first_event import first_event_complete
-from specrouter.proxy.forward import Attempt, Proxy, RequestCycle, Resume, Retry
+from specrouter.proxy.forward import Attempt, Owed, Proxy, RequestCycle, Resume, Retry
 from specrouter.proxy.handover import boundary
 from specrouter.proxy.request import RouteKind, parse_head, request_info
 from specrouter.proxy.response import (
@@ -199,7 +199,10 @@ class FastPath:
         attempt = cycle.prepare(target)
         exchange = None if upstream is None else self._start(client, cycle, attempt, upstream)
         if exchange is None:
-            self.fall_back(client, Resume(target=target), Fallback.NOT_STARTED)
+            # counted now: the requests deciding before the app's task runs see it
+            router.acquire(target)
+            self.fall_back(client, Resume(owed=Owed(target, router.release)),
+                           Fallback.NOT_STARTED)
             return None
         self.count_active(1)
         try:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import Any
@@ -127,15 +127,45 @@ class Retry(Exception):
 RESUME = "specrouter.resume"
 
 
+def settle_resumed(scope: Scope) -> None:
+    """As a request's app task ends: give back the target the callback path acquired
+    for it if no attempt took it over (`Owed.settle`)."""
+    resume = (scope.get("extensions") or {}).get(RESUME)
+    if resume is not None and resume.owed is not None:
+        resume.owed.settle()
+
+
+@dataclass(slots=True)
+class Owed:
+    """A target the callback path acquired as it chose it, handed on with its request:
+    counted in flight at once, so that the requests deciding before this one reaches
+    the coroutine path see it. That path's attempt takes it over (`take`); a request
+    that ends before its attempt gives it back (`settle`): released exactly once."""
+
+    target: Target
+    release: Callable[[Target], None]
+    taken: bool = False
+
+    def take(self) -> Target:
+        self.taken = True
+        return self.target
+
+    def settle(self) -> None:
+        if not self.taken:
+            self.taken = True
+            self.release(self.target)
+
+
 @dataclass(frozen=True, slots=True)
 class Resume:
     """Where a request the callback path began goes on: its arrival is recorded
     (`arrival`: the quiet window still to wait for, if any) and, as far as it got, the
-    target it chose and did not acquire, the backends it tried with the failure that
-    made it retry, or its recall."""
+    target it chose and did not acquire (`target`) or acquired (`owed`), the backends it
+    tried with the failure that made it retry, or its recall."""
 
     arrival: Arrival | None = None
     target: Target | None = None
+    owed: Owed | None = None
     tried: frozenset[str] = frozenset()
     exclude: frozenset[str] = frozenset()
     failed: Retry | None = None
@@ -335,6 +365,7 @@ class RequestCycle:
         exclude: frozenset[str] = frozenset()
         failed: Retry | None = None
         chosen: Target | None = None
+        owed: Target | None = None  # chosen, and acquired by the callback path
         if resume is None:
             burst_ahead = await self.router.settle(self.info)
         else:
@@ -342,6 +373,8 @@ class RequestCycle:
             burst_ahead = 0 if arrival is None else await self.router.wait(arrival)
             tried, exclude, failed, chosen = (resume.tried, resume.exclude, resume.failed,
                                               resume.target)
+            if resume.owed is not None:
+                chosen = owed = resume.owed.take()
             if resume.recalled:
                 self.info = replace(self.info, recalled=True)
         if burst_ahead:
@@ -357,7 +390,9 @@ class RequestCycle:
                     self.send_probe(target.probe)
             may_retry = self.proxy.retry and not tried and self.handed is None
             attempt = self.prepare(target)
-            self.router.acquire(target)
+            if target is not owed:
+                self.router.acquire(target)
+            owed = None
             try:
                 await self._attempt(attempt, may_retry)
                 return

@@ -93,6 +93,25 @@ async def _wait_inflight(cluster: Cluster, group: str, expected: int) -> None:
                             10.0, f"{group} in-flight == {expected}")
 
 
+def test_requests_arriving_together_at_a_fresh_router_spread_over_the_groups(
+        cluster: ClusterFactory) -> None:
+    """A fresh router holds no idle upstream connection, so the callback path hands each
+    new request to the app's task with the target it chose. That target counts in flight
+    from the choice on: four requests arriving together see each other and go two to
+    each group, instead of three or four to the group that looked idle to each."""
+    c = cluster()
+
+    async def together() -> list[Routed]:
+        async with streams(c) as held:
+            return list(await asyncio.gather(*(held.start() for _ in range(4))))
+
+    routed = asyncio.run(together())
+    assert sorted(r.group for r in routed) == ["gpu0", "gpu0", "gpu1", "gpu1"], routed
+    metrics = loopback.get(f"{c.url}/metrics", timeout=5.0).text
+    assert 'specrouter_callback_fallbacks_total{reason="not_started"} 4.0' in metrics
+    c.router.wait_idle()
+
+
 def test_threshold_switches_with_hysteresis_per_group(cluster: ClusterFactory) -> None:
     # exact in-flight counts: no stream moves once it answers (handovers are
     # tests/integration/test_recall.py's)

@@ -22,6 +22,7 @@ from specrouter.proxy.first_event import event_status
 from specrouter.proxy.request import with_first_fields
 from specrouter.proxy.upstream import ChunkWriter, RawHeaders, UpstreamResponse
 from specrouter.proxy.usage import USAGE_FIELD
+from specrouter.routing.router import Target
 from tests.fixtures.fake_router import BACKENDS, ListRouter
 
 SSE = [(b"content-type", b"text/event-stream")]
@@ -425,3 +426,18 @@ def test_a_non_stream_answer_tells_the_router_what_the_engine_had_cached() -> No
         assert router.paces == []  # a whole answer tells nothing of its pace
 
     run(scenario())
+
+
+def test_a_target_the_callback_path_acquired_is_released_exactly_once() -> None:
+    """`Owed`: taken over by the attempt (which releases it itself), or given back when
+    the request's app task ends without an attempt; never both, never twice."""
+    target = Target("g", "eagle", BACKENDS[0], "test")
+    released: list[Target] = []
+    untaken = forward.Owed(target, released.append)
+    untaken.settle()
+    untaken.settle()
+    assert released == [target]
+    taken = forward.Owed(target, released.append)
+    assert taken.take() is target
+    taken.settle()
+    assert released == [target]
