@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -170,7 +171,11 @@ def test_a_body_trickled_slowly_gets_408_and_frees_the_request(abused: Drill) ->
 def test_concurrent_connection_limit_answers_503(abused: Drill) -> None:
     held = [socket.create_connection(("127.0.0.1", abused.router.port))
             for _ in range(MAX_CONNECTIONS)]
-    try:  # accepted in order: the held connections count before this request's
+    try:
+        # The one held connection past the budget gets the 503 once its grace is over:
+        # then every held one was accepted, and a new request cannot overtake them.
+        ready, _, _ = select.select(held, [], [], 5.0)
+        assert ready and ready[0].recv(4096).startswith(b"HTTP/1.1 503 "), ready
         refused = loopback.get(f"{abused.url}/v1/models", timeout=5.0)
         assert assert_openai_error(refused, 503)["code"] == "overloaded"
     finally:
