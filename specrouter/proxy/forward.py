@@ -146,9 +146,8 @@ class Owed:
     release: Callable[[Target], None]
     taken: bool = False
 
-    def take(self) -> Target:
+    def take(self) -> None:
         self.taken = True
-        return self.target
 
     def settle(self) -> None:
         if not self.taken:
@@ -365,7 +364,7 @@ class RequestCycle:
         exclude: frozenset[str] = frozenset()
         failed: Retry | None = None
         chosen: Target | None = None
-        owed: Target | None = None  # chosen, and acquired by the callback path
+        owed: Owed | None = None  # chosen, and acquired by the callback path
         if resume is None:
             burst_ahead = await self.router.settle(self.info)
         else:
@@ -374,7 +373,7 @@ class RequestCycle:
             tried, exclude, failed, chosen = (resume.tried, resume.exclude, resume.failed,
                                               resume.target)
             if resume.owed is not None:
-                chosen = owed = resume.owed.take()
+                owed, chosen = resume.owed, resume.owed.target
             if resume.recalled:
                 self.info = replace(self.info, recalled=True)
         if burst_ahead:
@@ -390,7 +389,9 @@ class RequestCycle:
                     self.send_probe(target.probe)
             may_retry = self.proxy.retry and not tried and self.handed is None
             attempt = self.prepare(target)
-            if target is not owed:
+            if owed is not None and owed.target is target:
+                owed.take()  # released by this attempt from here on, as any is
+            else:
                 self.router.acquire(target)
             owed = None
             try:
