@@ -38,10 +38,6 @@ def patch(url: str, **kwargs: Any) -> httpx.Response:
     return request("PATCH", url, **kwargs)
 
 
-def delete(url: str, **kwargs: Any) -> httpx.Response:
-    return request("DELETE", url, **kwargs)
-
-
 def stream(method: str, url: str, **kwargs: Any) -> AbstractContextManager[httpx.Response]:
     return httpx.stream(method, url, verify=_TLS, **kwargs)
 
