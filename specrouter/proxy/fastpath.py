@@ -382,10 +382,12 @@ class FastExchange:
         name = target.backend.name
         if isinstance(error, UpstreamUnreachable):
             # A keep-alive connection the backend closed as it was reused: the request
-            # never reached it. The coroutine path tries the target on a fresh one.
+            # never reached it. The coroutine path tries the target on a fresh one, and
+            # it stays counted in flight meanwhile (`Owed`).
             self.attempt.settled = True
-            self._leave_upstream()
-            self._fall_back(Resume(target=target), Fallback.STALE_CONNECTION)
+            self._close_upstream()
+            self._fall_back(Resume(owed=Owed(target, cycle.router.release)),
+                            Fallback.STALE_CONNECTION)
             return
         cycle.router.record_outcome(name, False, str(error))
         if isinstance(error, UpstreamTimeout):
@@ -568,17 +570,22 @@ class FastExchange:
         self._leave_upstream()
 
     def _leave_upstream(self) -> None:
+        """Close the upstream exchange and leave the backend (`RequestCycle.leave`: at
+        once, or once it dropped an unfinished generation)."""
+        if self._close_upstream():
+            self.cycle.leave(self.attempt)
+
+    def _close_upstream(self) -> bool:
         """Close the upstream exchange (its connection stays only if the answer was read
-        to its end) and leave the backend (`RequestCycle.leave`: at once, or once it
-        dropped an unfinished generation)."""
+        to its end), the target still held; False if it was closed already."""
         exchange, self.upstream_exchange = self.upstream_exchange, None
         if exchange is None:
-            return
+            return False
         exchange.detach()
         self.upstream.finish(exchange)
         if self.target.recall is not None:
             self.target.recall.discard(self.recalled)
-        self.cycle.leave(self.attempt)
+        return True
 
     def _fall_back(self, resume: Resume, reason: Fallback) -> None:
         """The app goes on with the request, and with its body's budget."""

@@ -159,11 +159,10 @@ class Owed:
 class Resume:
     """Where a request the callback path began goes on: its arrival is recorded
     (`arrival`: the quiet window still to wait for, if any) and, as far as it got, the
-    target it chose and did not acquire (`target`) or acquired (`owed`), the backends it
-    tried with the failure that made it retry, or its recall."""
+    target it chose and acquired (`owed`), the backends it tried with the failure that
+    made it retry, or its recall."""
 
     arrival: Arrival | None = None
-    target: Target | None = None
     owed: Owed | None = None
     tried: frozenset[str] = frozenset()
     exclude: frozenset[str] = frozenset()
@@ -370,8 +369,7 @@ class RequestCycle:
         else:
             arrival = resume.arrival
             burst_ahead = 0 if arrival is None else await self.router.wait(arrival)
-            tried, exclude, failed, chosen = (resume.tried, resume.exclude, resume.failed,
-                                              resume.target)
+            tried, exclude, failed = resume.tried, resume.exclude, resume.failed
             if resume.owed is not None:
                 owed, chosen = resume.owed, resume.owed.target
             if resume.recalled:

@@ -240,6 +240,33 @@ def test_without_an_idle_connection_the_coroutine_path_serves_the_request() -> N
     run(scenario)
 
 
+async def _close_unanswered(writer: asyncio.StreamWriter, body: dict[str, Any]) -> None:
+    writer.close()  # a keep-alive connection the backend dropped as it was reused
+
+
+def test_a_stale_connection_hands_its_target_on_still_counted_in_flight() -> None:
+    async def scenario() -> None:
+        async with harness([_close_unanswered, stream_reply(ANSWER)]) as h:
+            held: list[int] = []  # e0's count in flight after each change
+            for name in ("acquire", "release"):
+                change = getattr(h.router, name)
+
+                def logged(target: Any, change: Any = change) -> None:
+                    change(target)
+                    held.append(h.router.held["e0"])
+
+                setattr(h.router, name, logged)
+            r = await h.post()
+            assert r.content == b"".join(ANSWER)
+            assert h.counted.fallbacks == ["stale_connection"]
+            assert h.e0.connections == 2  # the request went again on a fresh connection
+            assert len(h.router.requests) == 1  # chosen once
+            await h.settled()
+            assert held == [1, 0]  # counted from the choice to the answer's end, once
+
+    run(scenario)
+
+
 def test_a_queue_full_first_event_is_retried_on_the_other_backend() -> None:
     async def scenario() -> None:
         async with harness([stream_reply([QUEUE_FULL])]) as h:
