@@ -43,7 +43,7 @@ def _until(url: str, ok: Any, what: str, timeout: float = 30.0) -> dict[str, Any
 
 def test_both_pools_are_measured_before_the_first_request(sim_group: Any,
                                                           router: RouterFactory) -> None:
-    sim: SimGroup = sim_group(profile=PROFILE, time_scale=0.2)
+    sim: SimGroup = sim_group(profile=PROFILE, time_scale=1.0)
     proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
         "SPECROUTER_COST_PROBE": json.dumps({"prompt_tokens": PROMPT, "tokens": TOKENS,
                                              "check_s": 0.1}),
