@@ -15,11 +15,15 @@ import asyncio
 import json
 import ssl
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from loadtest.metrics import RequestResult
+
+#: Each request's id, which a router forwards to its backend (SGLang logs it).
+REQUEST_ID = "x-request-id"
 
 _DONE = b"[DONE]"
 
@@ -210,8 +214,10 @@ async def stream_request(pool: ConnectionPool, path: str, body: bytes, result: R
                          ) -> RequestResult:
     """Send one streaming request and fill `result`; never raises on HTTP/IO errors.
     `on_event` sees every parsed SSE payload (e.g. to keep the answer's text)."""
-    head = pool.request_head(path, len(body), headers or {})
-    t0 = time.perf_counter()
+    sent = {REQUEST_ID: result.request_id or uuid.uuid4().hex, **(headers or {})}
+    result.request_id = sent[REQUEST_ID]
+    head = pool.request_head(path, len(body), sent)
+    t0 = result.sent_at = time.perf_counter()
     state = _Stream(result, t0, on_event)
     conn: Connection | None = None
     try:

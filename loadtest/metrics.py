@@ -37,6 +37,11 @@ class RequestResult:
     backend: str = ""  # x-specrouter-backend
     reason: str = ""  # x-specrouter-reason
     phase: str = ""
+    request_id: str = ""  # the x-request-id it was sent with
+    sent_at: float | None = None  # time.perf_counter() as it was sent (the host's clock)
+    # real seconds the request stayed in simulated engines before its first token, when
+    # read from them (`loadtest.residence`)
+    engine_s: float | None = None
 
     @property
     def tpot(self) -> float | None:
@@ -48,6 +53,13 @@ class RequestResult:
     @property
     def end(self) -> float | None:
         return None if self.e2e is None else self.start + self.e2e
+
+    def deployed_ttft(self, time_scale: float) -> float | None:
+        """The time to the first token in simulated seconds with only the engines' part
+        converted: the rest (proxies, HTTP hops) is real time, which no GPU speeds up."""
+        if self.ttft is None or self.engine_s is None:
+            return None
+        return self.ttft - self.engine_s + self.engine_s / time_scale
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -114,6 +126,9 @@ def summarize(
         "tpot": _stats([t for r in done if (t := r.tpot) is not None], time_scale),
         "e2e": _stats([r.e2e for r in done if r.e2e is not None], time_scale),
     }
+    deployed = [r.deployed_ttft(time_scale) for r in done if r.ttft is not None]
+    if deployed and all(t is not None for t in deployed):
+        summary["ttft_deployed"] = _stats([t for t in deployed if t is not None], 1.0)
     if slo is not None:
         good = sum(r.output_tokens for r in done if slo.met(r, time_scale))
         summary["goodput_tok_s"] = good / sim_duration if duration > 0 else math.nan

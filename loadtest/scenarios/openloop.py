@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from loadtest.generator import LoadGenerator
 from loadtest.metrics import RequestResult, summarize, write_json, write_tagged_csv
 from loadtest.procs import Stack, reset_engines, served_model
 from loadtest.promptset import RequestShape, load_prompts
+from loadtest.residence import attach_engine_time, fetch_stays
 from loadtest.scenarios.common import (
     CpuWatch,
     calibrate,
@@ -281,14 +283,16 @@ def config_env(config: str, calibration: dict[str, Any], scale: float, profile: 
     return env
 
 
-async def _replay(url: str, pids: dict[str, int], model: str, load: Load, scale: float,
-                  s: OpenLoopSettings) -> tuple[dict[str, Any], list[RequestResult]]:
+async def _replay(url: str, engines: Sequence[str], pids: dict[str, int], model: str,
+                  load: Load, scale: float, s: OpenLoopSettings
+                  ) -> tuple[dict[str, Any], list[RequestResult]]:
     shape = RequestShape(model, round(s.input_median), round(s.output_median))
     async with LoadGenerator(url, shape, load_prompts(), seed=load.seed, progress=s.progress,
                              time_scale=scale) as gen:
         watch = CpuWatch(pids)
         results = await gen.replay(load.arrivals, phase=load.name)
         shares = watch.shares()
+    attach_engine_time(results, fetch_stays(engines))
     summary = summarize(results, time_scale=scale)
     return {"load": load.name, "rate": load.rate, **summary, "cpu_cores": shares,
             "saturated": saturated(shares)}, results
@@ -325,7 +329,8 @@ def run_profile(profile: str, s: OpenLoopSettings, log: Any = print) -> dict[str
             tagged: list[tuple[dict[str, Any], RequestResult]] = []
             for load in loads:
                 reset_engines(sim.urls().values(), load.seed)
-                row, results = run_async(_replay(url, pids, model, load, scale, s))
+                row, results = run_async(_replay(url, list(sim.urls().values()), pids, model,
+                                                 load, scale, s))
                 if router is not None:  # what the router believes at the end of the load
                     row["groups"] = group_reports(router.url)
                 rows.append(row)
@@ -389,19 +394,28 @@ def better_static(statics: dict[str, dict[str, Any]]) -> str | None:
                                         -(_finite(statics[name]["output_tok_s"]) or 0.0)))
 
 
+def judged_ttft(level: dict[str, Any]) -> dict[str, Any]:
+    """The TTFT statistics the target judges: with only the engines' part converted to
+    simulated time (`ttft_deployed`, `loadtest.residence`) where every request's was read,
+    else the whole time converted."""
+    stats: dict[str, Any] = level.get("ttft_deployed") or level["ttft"]
+    return stats
+
+
 def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]],
            better: str | None) -> dict[str, Any]:
     """One config's figures against the better static pool (`better`, of
-    `better_static`): its median latency and TTFT p99, and the higher throughput of the two
-    pools. The TTFT p99 against the lower of the two pools' is shown too, not judged:
-    where EAGLE-3 is the better pool its own TTFT p99 is above the baseline's, so that
-    ratio prices the pool, not the router."""
+    `better_static`): its median latency and TTFT p99 (`judged_ttft`), and the higher
+    throughput of the two pools. The TTFT p99 against the lower of the two pools' is shown
+    too, not judged: where EAGLE-3 is the better pool its own TTFT p99 is above the
+    baseline's, so that ratio prices the pool, not the router."""
     tputs = [v for lv in statics.values() if (v := _finite(lv["output_tok_s"])) is not None]
-    ttfts = [v for lv in statics.values() if (v := _finite(lv["ttft"]["p99"])) is not None]
+    ttfts = [v for lv in statics.values()
+             if (v := _finite(judged_ttft(lv)["p99"])) is not None]
     ref_p50 = _finite(statics[better]["e2e"]["p50"]) if better is not None else None
-    ref_ttft = _finite(statics[better]["ttft"]["p99"]) if better is not None else None
+    ref_ttft = _finite(judged_ttft(statics[better])["p99"]) if better is not None else None
     tput, p50, ttft = (_finite(row["output_tok_s"]), _finite(row["e2e"]["p50"]),
-                       _finite(row["ttft"]["p99"]))
+                       _finite(judged_ttft(row)["p99"]))
     out: dict[str, Any] = {
         "throughput_ratio": tput / max(tputs) if tput is not None and tputs and max(tputs) > 0
         else None,
@@ -409,10 +423,12 @@ def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]],
         "ttft_p99_ratio": ttft / ref_ttft if ttft is not None and ref_ttft else None,
         "ttft_p99_ratio_lowest": (ttft / min(ttfts) if ttft is not None and ttfts
                                   and min(ttfts) > 0 else None),
-        # simulated seconds over the better pool's TTFT p99: times the time scale, the
-        # real time it stands for (a router's own cost is real time, magnified 1/scale)
+        # simulated seconds over the better pool's TTFT p99
         "ttft_p99_excess_s": ttft - ref_ttft if ttft is not None and ref_ttft is not None
         else None,
+        # whether the proxies' real time counts as such (`judged_ttft`) or 1 / time scale
+        # times over (then the excess times the time scale is the real time it stands for)
+        "ttft_deployed": "ttft_deployed" in row,
         "errors": row["errors"],
     }
     out["meets_throughput"] = (out["throughput_ratio"] is not None
@@ -444,8 +460,8 @@ def compare_profile(data: dict[str, Any]) -> dict[str, Any]:
                 "pool": better,
                 "output_tok_s": max(lv["output_tok_s"] for lv in statics.values()),
                 "e2e_p50": statics[better]["e2e"]["p50"],
-                "ttft_p99": statics[better]["ttft"]["p99"],
-                "ttft_p99_lowest": min(lv["ttft"]["p99"] for lv in statics.values())}
+                "ttft_p99": judged_ttft(statics[better])["p99"],
+                "ttft_p99_lowest": min(judged_ttft(lv)["p99"] for lv in statics.values())}
             for config, levels in by_load.items():
                 if config not in STATIC and name in levels:
                     row["routers"][config] = ratios(levels[name], statics, better)

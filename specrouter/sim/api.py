@@ -29,6 +29,7 @@ from specrouter.sim.engine import Engine, QueueFull, SimRequest
 from specrouter.sim.faults import ControlError, Faults, apply_control
 from specrouter.sim.metrics import EngineMetrics
 from specrouter.sim.profile import ProfileError, parse_schedule
+from specrouter.sim.residence import Residences, Stay
 from specrouter.sim.text import WordStream, request_rng
 from specrouter.sim.version import (
     HEALTH_CHECK_TIMEOUT_S,
@@ -70,6 +71,7 @@ class SimServer:
     # UnHealthy, a later successful one makes it Up again
     healthy: bool = True
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    residences: Residences = field(default_factory=Residences)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"faults:{self.settings.seed}:{self.engine.kind}")
@@ -189,10 +191,12 @@ Parser = Callable[[Any, float, str], protocol.GenParams]
 class Generation:
     """One generation request's text, stop-string matching and finish bookkeeping."""
 
-    def __init__(self, server: SimServer, req: SimRequest, params: protocol.GenParams) -> None:
+    def __init__(self, server: SimServer, req: SimRequest, params: protocol.GenParams,
+                 stay: Stay) -> None:
         self.server = server
         self.req = req
         self.params = params
+        self.stay = stay
         self.text = ""
         self.consumed = 0
         self.matched_stop_str: str | None = None
@@ -212,6 +216,10 @@ class Generation:
                 piece = self._apply_stop(req.words.take(n))
             if req.done and req.finish_reason != "abort":
                 self.server.engine.cache_output(req, self.text)
+            if n > 0:
+                self.stay.saw_first_token()
+            elif req.done:
+                self.stay.leave()
             if n > 0 or req.done:
                 self.last_output_real = self.server.engine.clock.real()
                 yield piece
@@ -220,6 +228,7 @@ class Generation:
 
     def abandon(self, *, stream: bool, head_sent: bool) -> None:
         """The client left: abort the request when SGLang would (disconnect.py)."""
+        self.stay.leave()
         self.server.run_in_background(abandon(
             self.server.engine, self.req, self.server.version, stream=stream,
             head_sent=head_sent, last_wait_start_real=self.last_output_real))
@@ -319,11 +328,13 @@ async def _admit(server: SimServer, request: Request, parser: Parser
     req = SimRequest(params.rid or engine.new_rid(), params.prompt_tokens, max_new, stop_at,
                      WordStream(rng), engine.clock.real(), priority=params.priority,
                      blocks=params.blocks)
-    gen = Generation(server, req, params)
+    gen = Generation(server, req, params,
+                     server.residences.begin(request.headers.get("x-request-id")))
     try:
         engine.submit(req)
     except QueueFull:
         if not params.stream:  # the tokenizer raises HTTPException(503): type "503"
+            gen.stay.leave()
             return None, error_response(protocol.QUEUE_FULL_MESSAGE, "503", 503)
         req.state, req.finish_reason = "done", "queue_full"
         req.event.set()
@@ -780,6 +791,12 @@ async def sim_state_route(request: Request) -> Response:
     return json_response(sim_state(request.app.state.sim))
 
 
+async def sim_residence(request: Request) -> Response:
+    """GET /sim/residence: each request id's stays in this engine (`sim/residence.py`)."""
+    server: SimServer = request.app.state.sim
+    return json_response(server.residences.as_json())
+
+
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -803,6 +820,7 @@ def build_app(server: SimServer) -> ASGIApp:
         Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
         Route("/sim/control", sim_control, methods=["POST"]),
         Route("/sim/state", sim_state_route, methods=["GET"]),
+        Route("/sim/residence", sim_residence, methods=["GET"]),
     ]
 
     async def missing(request: Request, exc: Exception) -> Response:

@@ -151,6 +151,27 @@ def test_verdict_compares_with_the_pool_of_lower_median_and_checks_every_rate() 
     assert cmp["verdict"]["router-calibrated"]["met"] == 1
 
 
+def test_the_ttft_target_judges_the_deployed_ttft_where_every_config_has_it() -> None:
+    def deployed(row: dict[str, Any], p99: float) -> dict[str, Any]:
+        return {**row, "ttft_deployed": {"p99": p99}}
+
+    data = {
+        "loads": [{"name": "rate 1", "rate": 1.0}],
+        "configs": {
+            "eagle": {"loads": [deployed(_row("rate 1", 100, 1.0, 0.10), 0.090)]},
+            "baseline": {"loads": [deployed(_row("rate 1", 90, 1.2, 0.12), 0.110)]},
+            # whole conversion 1.3x EAGLE-3's (a proxy's real time 1 / scale times over),
+            # deployed 1.05x
+            "router": {"loads": [deployed(_row("rate 1", 100, 1.0, 0.13), 0.0945)]},
+        },
+    }
+    row = openloop.compare_profile(data)["rows"][0]
+    assert row["best"]["ttft_p99"] == 0.090 and row["best"]["ttft_p99_lowest"] == 0.090
+    judged = row["routers"]["router"]
+    assert judged["ttft_p99_ratio"] == pytest.approx(1.05) and judged["meets_ttft"]
+    assert judged["ttft_deployed"] and judged["ttft_p99_excess_s"] == pytest.approx(0.0045)
+
+
 def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
@@ -174,6 +195,9 @@ def test_tiny_open_loop_run_end_to_end(tmp_path: Path) -> None:
             assert row["errors"] == 0 and row["completed"] == len(load.arrivals)
             # each request generated its own scheduled length (ignore_eos)
             assert row["output_tokens"] == sum(a.output_tokens for a in load.arrivals)
+            # every request's stay in the engines was read: the proxies' real time counts
+            # once in the deployed TTFT, 1 / time scale times in the whole conversion
+            assert 0 < row["ttft_deployed"]["p99"] <= row["ttft"]["p99"]
     assert set(data["configs"]["router"]["loads"][0]["by_pool"]) <= {"eagle", "baseline"}
     assert "SPECROUTER_TELEMETRY__INTERVAL_S" in data["configs"]["router"]["env"]
     verdict = result["comparison"]["seed-coding"]["verdict"]["router"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -187,3 +188,44 @@ def test_an_idle_keep_alive_connection_is_closed_after_sglang_s_timeout(
             pass
         idle_s = time.monotonic() - idle_from
     assert SGLANG_KEEP_ALIVE_S - 0.5 <= idle_s < 3 * SGLANG_KEEP_ALIVE_S, idle_s
+
+
+def _residence(url: str) -> dict[str, list[list[float | None]]]:
+    stays: dict[str, list[list[float | None]]] = loopback.get(
+        f"{url}/sim/residence", timeout=5).json()["stays"]
+    return stays
+
+
+def test_residence_is_each_request_s_stay_before_its_first_token(group: SimGroup) -> None:
+    url = group.baseline_url
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+            "stream": True}
+    before = time.perf_counter()
+    answered = loopback.post(f"{url}/v1/chat/completions", json=chat, timeout=30,
+                             headers={"x-request-id": "answered"})
+    after = time.perf_counter()
+    assert answered.status_code == 200
+    assert loopback.post(f"{url}/v1/chat/completions", json=chat, timeout=30).status_code == 200
+    [[submitted, first, left]] = _residence(url)["answered"]
+    assert first is not None and left is None
+    assert before < submitted < first < after  # one clock with the client's
+    assert list(_residence(url)) == ["answered"]  # a request without the id keeps none
+
+    # A stream whose client leaves while it waits in the queue: its stay ends then.
+    loopback.post(f"{url}/sim/control", json={"wedged": True}, timeout=5)
+    body = json.dumps({**chat, "max_tokens": 64}).encode()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as leaving:
+        leaving.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                        b"content-type: application/json\r\nx-request-id: left\r\n"
+                        b"content-length: %d\r\n\r\n%b" % (len(body), body))
+        deadline = time.monotonic() + 10
+        while "left" not in _residence(url):
+            assert time.monotonic() < deadline, "the request never reached the engine"
+            time.sleep(0.02)
+    deadline = time.monotonic() + 10
+    while (stay := _residence(url)["left"][0])[2] is None:
+        assert time.monotonic() < deadline, f"the stay never ended: {stay}"
+        time.sleep(0.02)
+    assert stay[1] is None and stay[0] < stay[2]
+    loopback.post(f"{url}/sim/control", json={"wedged": False}, timeout=5)
