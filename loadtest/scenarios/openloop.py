@@ -29,7 +29,7 @@ import argparse
 import json
 import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -394,12 +394,17 @@ def better_static(statics: dict[str, dict[str, Any]]) -> str | None:
                                         -(_finite(statics[name]["output_tok_s"]) or 0.0)))
 
 
-def judged_ttft(level: dict[str, Any]) -> dict[str, Any]:
-    """The TTFT statistics the target judges: with only the engines' part converted to
-    simulated time (`ttft_deployed`, `loadtest.residence`) where every request's was read,
-    else the whole time converted."""
-    stats: dict[str, Any] = level.get("ttft_deployed") or level["ttft"]
+def judged_ttft(level: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    """The TTFT statistics the target judges (`key`, default `ttft_key([level])`)."""
+    stats: dict[str, Any] = level[key or ttft_key([level])]
     return stats
+
+
+def ttft_key(levels: Iterable[dict[str, Any]]) -> str:
+    """`ttft_deployed` where every one of `levels` has it: only the engines' part of each
+    request converted to simulated time (`loadtest.residence`); else `ttft`, the whole
+    time converted. Configs compared with each other are judged on the same one."""
+    return "ttft_deployed" if all("ttft_deployed" in lv for lv in levels) else "ttft"
 
 
 def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]],
@@ -409,13 +414,15 @@ def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]],
     throughput of the two pools. The TTFT p99 against the lower of the two pools' is shown
     too, not judged: where EAGLE-3 is the better pool its own TTFT p99 is above the
     baseline's, so that ratio prices the pool, not the router."""
+    key = ttft_key([row, *statics.values()])
     tputs = [v for lv in statics.values() if (v := _finite(lv["output_tok_s"])) is not None]
     ttfts = [v for lv in statics.values()
-             if (v := _finite(judged_ttft(lv)["p99"])) is not None]
+             if (v := _finite(judged_ttft(lv, key)["p99"])) is not None]
     ref_p50 = _finite(statics[better]["e2e"]["p50"]) if better is not None else None
-    ref_ttft = _finite(judged_ttft(statics[better])["p99"]) if better is not None else None
+    ref_ttft = (_finite(judged_ttft(statics[better], key)["p99"]) if better is not None
+                else None)
     tput, p50, ttft = (_finite(row["output_tok_s"]), _finite(row["e2e"]["p50"]),
-                       _finite(judged_ttft(row)["p99"]))
+                       _finite(judged_ttft(row, key)["p99"]))
     out: dict[str, Any] = {
         "throughput_ratio": tput / max(tputs) if tput is not None and tputs and max(tputs) > 0
         else None,
@@ -428,7 +435,7 @@ def ratios(row: dict[str, Any], statics: dict[str, dict[str, Any]],
         else None,
         # whether the proxies' real time counts as such (`judged_ttft`) or 1 / time scale
         # times over (then the excess times the time scale is the real time it stands for)
-        "ttft_deployed": "ttft_deployed" in row,
+        "ttft_deployed": key == "ttft_deployed",
         "errors": row["errors"],
     }
     out["meets_throughput"] = (out["throughput_ratio"] is not None
@@ -456,12 +463,13 @@ def compare_profile(data: dict[str, Any]) -> dict[str, Any]:
         row: dict[str, Any] = {"load": name, "rate": load["rate"], "routers": {}}
         better = better_static(statics)
         if better is not None:
+            key = ttft_key(statics.values())
             row["best"] = {
                 "pool": better,
                 "output_tok_s": max(lv["output_tok_s"] for lv in statics.values()),
                 "e2e_p50": statics[better]["e2e"]["p50"],
-                "ttft_p99": judged_ttft(statics[better])["p99"],
-                "ttft_p99_lowest": min(judged_ttft(lv)["p99"] for lv in statics.values())}
+                "ttft_p99": judged_ttft(statics[better], key)["p99"],
+                "ttft_p99_lowest": min(judged_ttft(lv, key)["p99"] for lv in statics.values())}
             for config, levels in by_load.items():
                 if config not in STATIC and name in levels:
                     row["routers"][config] = ratios(levels[name], statics, better)

@@ -170,6 +170,11 @@ def test_the_ttft_target_judges_the_deployed_ttft_where_every_config_has_it() ->
     judged = row["routers"]["router"]
     assert judged["ttft_p99_ratio"] == pytest.approx(1.05) and judged["meets_ttft"]
     assert judged["ttft_deployed"] and judged["ttft_p99_excess_s"] == pytest.approx(0.0045)
+    # a config whose engine time was not read is compared on the whole conversion, and so
+    # is the pool it is compared with
+    data["configs"]["router"] = {"loads": [_row("rate 1", 100, 1.0, 0.13)]}
+    whole = openloop.compare_profile(data)["rows"][0]["routers"]["router"]
+    assert whole["ttft_p99_ratio"] == pytest.approx(1.3) and not whole["ttft_deployed"]
 
 
 def _children() -> set[int]:
