@@ -116,7 +116,9 @@ def test_a_client_that_leaves_a_queued_request_gets_it_aborted_at_once(
             task = asyncio.create_task(client.post("/v1/chat/completions", json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                 "stream": True}))
-            await asyncio.to_thread(wait_until, lambda: eagle.state()["waiting"] == 1, 10.0,
+            # `requests` counts clients' requests only: the router's /health also queues a
+            # one-token request on a wedged 0.5.10 server, and may be the first to wait
+            await asyncio.to_thread(wait_until, lambda: eagle.state()["requests"] == 1, 10.0,
                                     "the request queued on the EAGLE-3 server")
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
