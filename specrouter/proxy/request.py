@@ -287,7 +287,23 @@ def _peek(body: RequestBody) -> _Peek:
         error = exc.errors(include_url=False)[0]
         if error["type"] == "model_type":
             raise RouterError(400, "request body must be a JSON object") from None
-        raise RouterError(400, f"request body is not valid JSON: {error['msg']}") from None
+        raise RouterError(400, f"request body is not valid JSON: {_json_error(error)}"
+                          ) from None
+
+
+#: The parser's words for a \u escape of half a UTF-16 surrogate pair; its own message
+#: ("unexpected end of hex escape") reads like a truncated body.
+_SURROGATE_ERRORS = ("unexpected end of hex escape", "lone leading surrogate in hex escape")
+
+
+def _json_error(error: Any) -> str:
+    message = str(error.get("ctx", {}).get("error", error["msg"]))
+    for words in _SURROGATE_ERRORS:
+        if message.startswith(words):
+            where = message.removeprefix(words).strip()
+            return (r"a \ud800-\udfff escape must be half of a surrogate pair (high, then "
+                    f"low): a lone surrogate is no character ({where})")
+    return str(error["msg"])
 
 
 def request_info(

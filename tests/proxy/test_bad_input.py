@@ -34,11 +34,19 @@ def test_bad_bodies(group: RoutedGroup) -> None:
     with loopback.client(timeout=10.0) as http:
         assert_openai_error(http.post(url, content=b"{not json"), 400, "not valid JSON")
         assert_openai_error(http.post(url, content=b"\xff\xfe"), 400, "not valid JSON")
+        for lone in (rb'"\ud800"', rb'"\udc00"', rb'"\ud800\n"'):  # half a surrogate pair
+            assert_openai_error(http.post(url, content=b'{"prompt": ' + lone + b"}"), 400,
+                                "a lone surrogate is no character (at line 1 column")
+        pair = rb'"\ud83d\ude00"'  # a whole pair is a character
+        answer = http.post(url, content=b'{"model": "m", "max_tokens": 1, "messages": [{"role": '
+                           b'"user", "content": ' + pair + b"}]}",
+                           headers={"content-type": "application/json"})
+        assert answer.status_code == 200, answer.text
         assert_openai_error(http.post(url, content=b"[1, 2]"), 400, "must be a JSON object")
         assert_openai_error(http.post(url, content=b""), 400, "body is empty")
         assert_openai_error(http.post(f"{group.router.url}/generate", content=b"nope"),
                             400, "not valid JSON")
-    assert group.state("eagle")["requests"] == 0  # none of it reached an engine
+    assert group.state("eagle")["requests"] == 1  # only the pair reached an engine
 
 
 def test_body_over_the_limit(group: RoutedGroup) -> None:
