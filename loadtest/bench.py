@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from loadtest import plots, report
+from loadtest import hostcpu, plots, report
 from loadtest.metrics import write_json
 from loadtest.scenarios import agentic, connect_burst, openloop, overhead, peer, sweep, trace
 
@@ -137,14 +137,18 @@ def overhead_settings(args: argparse.Namespace, out: Path,
 
 def _guarded(name: str, job: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
     """Run one scenario; a failure is logged and leaves the others (and the report) intact."""
-    started = time.monotonic()
+    started, cpu_before = time.monotonic(), hostcpu.CpuTimes.read()
     log(f"== {name}")
     try:
         result = job()
     except Exception:
         log(f"{name} FAILED:\n{traceback.format_exc()}")
         return None
-    log(f"== {name} done in {time.monotonic() - started:.0f} s")
+    host = hostcpu.shares(cpu_before, hostcpu.CpuTimes.read())
+    log(f"== {name} done in {time.monotonic() - started:.0f} s"
+        + (f" (host CPU: {hostcpu.describe(host)})" if host else ""))
+    if host is not None:
+        result[hostcpu.RESULT_KEY] = host
     return result
 
 

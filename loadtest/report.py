@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from loadtest import hostcpu
 from loadtest.scenarios import connect_burst, openloop
 from loadtest.scenarios.overhead import P50_TARGET_MS, P99_TARGET_MS, side_by_side_lines
 from loadtest.scenarios.sweep import LATENCY_TARGET, THROUGHPUT_TARGET
@@ -35,6 +36,17 @@ def machine() -> str:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     return (f"{model}, {cores} logical cores in /proc/cpuinfo ({usable} usable), "
             f"Python {platform.python_version()}, {platform.system()} {platform.release()}")
+
+
+def host_cpu_lines(results: dict[str, Any]) -> list[str]:
+    """The host's CPU time while each scenario ran (`loadtest.hostcpu`), where recorded."""
+    runs = [f"{key} {hostcpu.describe(result[hostcpu.RESULT_KEY])}"
+            for key, result in results.items() if hostcpu.RESULT_KEY in result]
+    if not runs:
+        return []
+    return ["- Host CPU while each scenario ran (a share stolen by the hypervisor, or idle "
+            "under a load meant to fill the cores, makes that scenario's figures slower and "
+            "noisier than the code): " + "; ".join(runs)]
 
 
 def git_commit() -> str:
@@ -732,6 +744,7 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
     lines += [f"- Measured: {started} UTC, {elapsed_s / 60:.1f} min in all",
               f"- Commit: `{commit or git_commit()}`",
               f"- Machine: {machine()}",
+              *host_cpu_lines(results),
               "- Engines: the shared-GPU SGLang simulator (`specrouter sim`); the simulator, "
               "the router(s) and the load generator share this machine's cores.",
               "- Commands:", *[f"  - `{c}`" for c in commands], ""]
