@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 from starlette.types import Receive, Scope
 
 from specrouter import backends
@@ -296,7 +297,7 @@ def _peek(body: RequestBody) -> _Peek:
 _SURROGATE_ERRORS = ("unexpected end of hex escape", "lone leading surrogate in hex escape")
 
 
-def _json_error(error: Any) -> str:
+def _json_error(error: ErrorDetails) -> str:
     message = str(error.get("ctx", {}).get("error", error["msg"]))
     for words in _SURROGATE_ERRORS:
         if message.startswith(words):
