@@ -43,7 +43,6 @@ from specrouter.backends import Pool
 from specrouter.errors import describe_validation_error
 from specrouter.observe.breaker import BreakerConfig
 from specrouter.routing.costmodel import GroupCostModel
-from specrouter.routing.costprobe import LONG_CONTEXT_TOKENS
 from specrouter.routing.costsource import CostModelSource
 from specrouter.routing.policy import Policy
 from specrouter.state import StateSettings
@@ -257,13 +256,11 @@ class CostProbeSettings(_Section):
     max_prompt_tokens: int = Field(default=32768, ge=1, le=1_048_576)
     # batches probed per pool: EAGLE-3's slope needs two (light traffic reads EAGLE-3
     # alone, at batch 1); the baseline's intercept is what the transfer from EAGLE-3's
-    # curve gets wrong, and at `LONG_CONTEXT_TOKENS` or more its slope too (seed-coding at
-    # 30k tokens: EAGLE-3's 2.3x the baseline's, not 5x), so a probe there reads the
-    # baseline at `long_context_baseline_batches`, whose own line then prices it up to
-    # the largest (docs/policy.md section 5b, "Where its readings reach")
+    # curve gets wrong. Its slope the transfer gets right at short contexts only, but a
+    # line through the baseline's readings at batches 1 and 4 or 1 and 16 lost more than
+    # it won on the benchmarks (docs/policy.md section 5b, "At the traffic's context")
     eagle_batches: tuple[int, ...] = Field(default=(1, 4))
     baseline_batches: tuple[int, ...] = Field(default=(1,))
-    long_context_baseline_batches: tuple[int, ...] = Field(default=(1, 8))
     # how often an idle group is checked for a pool without readings
     check_s: float = Field(default=1.0, gt=0)
     # start-up waits this long at most for each group's servers to be healthy and probed
@@ -273,7 +270,7 @@ class CostProbeSettings(_Section):
     # a probe's time limit, all its batches and rounds together
     timeout_s: float = Field(default=30.0, gt=0, le=600)
 
-    @field_validator("eagle_batches", "baseline_batches", "long_context_baseline_batches")
+    @field_validator("eagle_batches", "baseline_batches")
     @classmethod
     def _positive(cls, value: tuple[int, ...]) -> tuple[int, ...]:
         if any(b < 1 or b > 64 for b in value):
@@ -287,13 +284,8 @@ class CostProbeSettings(_Section):
                              f"prompt_tokens ({self.prompt_tokens})")
         return self
 
-    def batches(self, pool: Pool, context: float | None) -> tuple[int, ...]:
-        """The batches a probe of `pool` at `context` prompt tokens reads."""
-        if pool == "eagle":
-            return self.eagle_batches
-        if context is not None and context >= LONG_CONTEXT_TOKENS:
-            return self.long_context_baseline_batches
-        return self.baseline_batches
+    def batches(self, pool: Pool) -> tuple[int, ...]:
+        return self.eagle_batches if pool == "eagle" else self.baseline_batches
 
 
 class HealthSettings(_Section):

@@ -51,7 +51,6 @@ from specrouter.routing.costprobe import (
     PROBE_WEIGHT,
     SUFFIX_TOKENS,
     ProbeAnswer,
-    batches_due,
     context_due,
     cost_probe_body,
     due,
@@ -267,10 +266,8 @@ class CostProber:
             return False
         learned = self._monitor.learning.model(group, self._monitor.clock()).pools[pool]
         traffic = self._monitor.learning.traffic_context(group)
-        return (due(learned.weight)
-                or context_due(learned.probe_context, traffic, learned.read_since_probe)
-                or batches_due(learned.read_since_probe, learned.batch_range,
-                               self._settings.batches(pool, learned.probe_context)))
+        return due(learned.weight) or context_due(learned.probe_context, traffic,
+                                                  learned.read_since_probe)
 
     def _group(self, group: str) -> GroupView:
         return next(g for g in self._monitor.groups(self._monitor.clock()) if g.name == group)
@@ -379,7 +376,7 @@ class CostProber:
         """A short and a long round at each of the pool's batches, each reading folded in
         and published: "read", "busy", or None when no step could be read."""
         learner = self._monitor.learning.learner(group)
-        for batch in self._settings.batches(pool, context):
+        for batch in self._settings.batches(pool):
             backend = await self._settled_backend(group, pool)
             if backend is None:
                 return "busy"

@@ -59,9 +59,6 @@ SUFFIX_TOKENS = 8
 CONTEXT_RATIO = 2.0
 #: A probe's context takes at most this share of the pool's KV pool.
 KV_SHARE = 0.5
-#: The transfer's ratios (`routing/online.py`) are the measured tables' at up to 2k
-#: prompt tokens; from twice that on, the baseline's slope is read, not transferred.
-LONG_CONTEXT_TOKENS = 4096
 
 _salt = itertools.count(1)
 
@@ -152,16 +149,6 @@ def step_reading(short: Sequence[ProbeAnswer], long: Sequence[ProbeAnswer]) -> f
     if steps < 1.0 or e2e <= 0:
         return None
     return e2e / steps
-
-
-def batches_due(read_since: int, batch_range: tuple[float, float] | None,
-                batches: Sequence[int]) -> bool:
-    """A pool whose only readings since its last probe are the probe's (`read_since`
-    telemetry windows: 0) and do not reach the probe's largest batch is due again: a
-    request cut that probe after a smaller batch, and the pool's curve takes its own
-    slope only from readings that span batches (`OnlineCostModel`, `OWN_SPAN`)."""
-    return (read_since == 0 and bool(batches)
-            and (batch_range is None or batch_range[1] < max(batches)))
 
 
 def due(weight: float) -> bool:

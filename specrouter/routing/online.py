@@ -24,12 +24,7 @@ Each pool's curve is a weighted least-squares fit with exponential forgetting (h
   fewer readings takes the other pool's fit through `TRANSFER` as its shape, moved (not
   scaled) to pass through the mean of its own readings: readings at one batch size (a
   cost probe's, `routing/costprobe.py`) set its intercept and keep the transferred slope,
-  the ratio that holds across the measured tables at short contexts. Not at long ones
-  (seed-coding at 30k tokens: EAGLE-3's slope 2.3x the baseline's, not 5x), so a pool
-  probed at `LONG_CONTEXT_TOKENS` or more whose readings span batches `OWN_SPAN` apart
-  (the baseline's probe at batches 1 and 8) takes its own line up to the largest batch
-  read, and the transferred slope beyond it (`ReachCurve`): a line through a curve's
-  small batches is wrong far beyond them where the curve bends (H200);
+  the ratio that holds across the measured tables;
 - with a configured model (calibration, profile, step table) the curve is that model's
   curve times a learned factor per pool: the group's level, learned from both pools'
   readings at once, times the pool's ratio to it, whose strong prior is the seed's. A
@@ -59,7 +54,7 @@ from typing import Any
 
 from specrouter.backends import Pool, other_pool
 from specrouter.routing.costmodel import ContextCostModel, GroupCostModel, PolyCurve, StepCurve
-from specrouter.routing.costprobe import LONG_CONTEXT_TOKENS, contexts_differ
+from specrouter.routing.costprobe import contexts_differ
 
 #: Batch sizes of the prior's pseudo-readings.
 PRIOR_BATCHES = (1.0, 4.0)
@@ -73,8 +68,6 @@ PRIOR_EAGLE = PolyCurve(10.0, 0.5)
 TRANSFER = (1.7, 5.0)
 #: Pseudo-readings of a seed's level (its ratio of the pools weighs `seed_weight`).
 SEED_LEVEL_WEIGHT = 1.0
-#: A pool's own readings set its curve where they reach once their batches span this ratio.
-OWN_SPAN = 2.0
 #: Share of a half-life within which a built model is served again (`model`).
 REUSE_HALF_LIFE_SHARE = 1e-3
 #: A reading's batch below this counts as this (an engine that just started a request).
@@ -104,21 +97,6 @@ class ScaledCurve:
         return max(1e-6, self.factor * self.base.ms(batch))
 
 
-@dataclass(frozen=True)
-class ReachCurve:
-    """A pool's own line up to the largest batch its readings reach, the prior's slope
-    beyond it (continuous there)."""
-
-    own: PolyCurve
-    reach: float
-    beyond_slope: float
-
-    def ms(self, batch: float) -> float:
-        if batch <= self.reach:
-            return self.own.ms(batch)
-        return self.own.ms(self.reach) + self.beyond_slope * (batch - self.reach)
-
-
 @dataclass
 class _Fit:
     """Decayed weighted sums of one pool's readings in a basis of one or two functions."""
@@ -144,18 +122,6 @@ class _Fit:
     def mean(self) -> tuple[float, float] | None:
         w = self.sums[0]
         return None if w <= 1e-9 else (self.sums[1] / w, self.sums[2] / w)
-
-    def own_line(self) -> PolyCurve | None:
-        """Least squares of a + b*B over the readings alone, where they span batches
-        `OWN_SPAN` apart and give a positive intercept and a slope of at least 0."""
-        if self.readings < 2 or self.high < OWN_SPAN * self.low:
-            return None
-        a00, a01, a11, r0, r1 = (self.sums[i] for i in (3, 4, 6, 7, 8))
-        det = a00 * a11 - a01 * a01
-        if det <= 1e-9 * a00 * a11:
-            return None
-        a, b = (r0 * a11 - a01 * r1) / det, (a00 * r1 - a01 * r0) / det
-        return PolyCurve(a, b) if a > 0 and b >= 0 else None
 
 
 @dataclass
@@ -210,9 +176,6 @@ class LearnedPool:
         c = self.curve
         shape: dict[str, Any] = ({"a": round(c.a, 4), "b": round(c.b, 5)}
                                  if isinstance(c, PolyCurve) else
-                                 {"a": round(c.own.a, 4), "b": round(c.own.b, 5),
-                                  "reach": c.reach, "b_beyond": round(c.beyond_slope, 5)}
-                                 if isinstance(c, ReachCurve) else
                                  {"seed_factor": round(c.factor, 4)}
                                  if isinstance(c, ScaledCurve) else {})
         return {**shape, "step_ms_at": {str(b): round(c.ms(b), 3) for b in (1, 8, 32)},
@@ -442,20 +405,8 @@ class OnlineCostModel:
                        else "baseline")
         prior_first = PRIOR_EAGLE if first == "eagle" else _transfer(PRIOR_EAGLE, "baseline")
         fitted = self._line(first, prior_first)
-        second_pool = other_pool(first)
-        second = self._within_reach(
-            second_pool, self._line(second_pool, _transfer(fitted, second_pool), shift=True))
+        second = self._line(other_pool(first), _transfer(fitted, other_pool(first)), shift=True)
         return (fitted, second) if first == "eagle" else (second, fitted)
-
-    def _within_reach(self, pool: Pool, line: PolyCurve) -> StepCurve:
-        """`line` (the pool's fit with its prior), or, where the pool's own readings span
-        `OWN_SPAN`, their own line up to the largest batch read and `line`'s slope
-        beyond."""
-        own = self._fits[pool].own_line()
-        probed = self.probe_context[pool]
-        if own is None or probed is None or probed < LONG_CONTEXT_TOKENS:
-            return line
-        return ReachCurve(own, self._fits[pool].high, line.b)
 
     def _factor(self, pool: Pool) -> float:
         """The group's level times the pool's own ratio to it. A seed knows the ratio of the

@@ -85,28 +85,6 @@ def test_a_client_request_cancels_a_probe(sim_group: Any, router: RouterFactory)
     assert not learned["probes"].get("baseline/read"), learned
 
 
-def test_a_probe_cut_before_its_last_batch_is_taken_up_again(sim_group: Any,
-                                                             router: RouterFactory) -> None:
-    """A request that arrives between the baseline's batch-1 reading and its batch-8 one
-    cancels the probe; the baseline, read at batch 1 only, is probed again at the next
-    idle moment until its readings reach batch 8."""
-    sim: SimGroup = sim_group(profile=PROFILE, time_scale=1.0)
-    # rounds of 512 tokens (~3 s at batch 8 on this profile), probes in the background
-    proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
-        "SPECROUTER_COST_PROBE": json.dumps({"prompt_tokens": 16, "tokens": 512,
-                                             "eagle_batches": [1], "baseline_batches": [1, 8],
-                                             "check_s": 0.1, "startup_wait_s": 0}),
-        "SPECROUTER_HEALTH": json.dumps({"interval_s": 0.1})})
-    _until(proc.url, lambda m: m["probes"].get("baseline/read") == 1,
-           "the baseline's batch-1 reading")
-    answer = loopback.post(f"{proc.v1}/completions", json={
-        "model": "default", "prompt": "hi", "max_tokens": 4}, timeout=30.0)
-    assert answer.status_code == 200
-    learned = _until(proc.url, lambda m: m["pools"]["baseline"]["batch_range"] == [1.0, 8.0],
-                     "the baseline read at batch 8", timeout=60.0)
-    assert learned["probes"].get("baseline/cancelled", 0) >= 1, learned
-
-
 def test_an_unused_pool_is_probed_again_at_the_traffics_context(
         sim_group: Any, router: RouterFactory) -> None:
     """The baseline, read by its start-up probe at 512 tokens, is read again at the
@@ -115,10 +93,8 @@ def test_an_unused_pool_is_probed_again_at_the_traffics_context(
     read at the traffic's context, would otherwise be compared with."""
     profile_name = "seed-coding"
     sim: SimGroup = sim_group(profile=profile_name, time_scale=1.0)
-    # one batch at every context, so that the re-probe's reading is the test's one
     proc = router(group_backends(sim.eagle_url, sim.baseline_url), env={
         "SPECROUTER_COST_PROBE": json.dumps({"prompt_tokens": PROMPT, "tokens": TOKENS,
-                                             "long_context_baseline_batches": [1],
                                              "check_s": 0.1}),
         "SPECROUTER_HEALTH": json.dumps({"interval_s": 0.1}),
         "SPECROUTER_POLICY": json.dumps({"mode": "eagle"})})  # the baseline stays unused

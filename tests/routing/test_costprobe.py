@@ -8,14 +8,11 @@ import json
 
 import pytest
 
-from specrouter.config import CostProbeSettings
 from specrouter.routing.costmodel import PolyCurve
 from specrouter.routing.costprobe import (
-    LONG_CONTEXT_TOKENS,
     PROBE_WEIGHT,
     SUFFIX_TOKENS,
     ProbeAnswer,
-    batches_due,
     context_due,
     cost_probe_body,
     due,
@@ -60,21 +57,6 @@ def test_a_pool_read_only_by_probes_is_due_when_the_context_moved_twofold() -> N
     assert not context_due(512.0, 1000.0, 0)  # within twice
     assert not context_due(512.0, 30000.0, 3)  # its telemetry read it at the traffic's
     assert not context_due(None, 30000.0, 0) and not context_due(512.0, None, 0)
-
-
-def test_a_probe_cut_before_its_largest_batch_is_due_again() -> None:
-    assert batches_due(0, (1.0, 1.0), (1, 8))  # a request came after the batch-1 round
-    assert batches_due(0, None, (1, 8))
-    assert not batches_due(0, (1.0, 8.0), (1, 8))
-    assert not batches_due(2, (1.0, 1.0), (1, 8))  # its telemetry reads it since
-    assert not batches_due(0, (1.0, 1.0), ())
-
-
-def test_the_baseline_is_probed_at_a_second_batch_from_a_long_context_on() -> None:
-    settings = CostProbeSettings()
-    assert settings.batches("baseline", None) == settings.batches("baseline", 4095) == (1,)
-    assert settings.batches("baseline", LONG_CONTEXT_TOKENS) == (1, 8)
-    assert settings.batches("eagle", 512) == settings.batches("eagle", 30000) == (1, 4)
 
 
 def test_a_probe_at_another_context_replaces_the_pools_readings() -> None:
@@ -144,51 +126,6 @@ def test_one_baseline_probe_puts_the_crossover_near_the_truth(
     if truth is H200:
         before = unprobed.model(t).crossover(accept)
         assert before is not None and before < lo
-
-
-# seed-coding's step lines at 30k prompt tokens (the simulator's table: EAGLE-3 37.4 and
-# 84.7 ms at batches 1 and 8, the baseline 23.0 and 43.8): crossover ~11 at accept 2.0,
-# where the transfer of EAGLE-3's slope (/5) prices the baseline at 8 ~25% cheap
-SEED_30K = {"eagle": PolyCurve(30.6, 6.76), "baseline": PolyCurve(20.0, 2.97)}
-
-
-def test_a_baseline_probed_at_two_batches_is_priced_by_its_own_line_up_to_the_larger() -> None:
-    """EAGLE-3 read by telemetry at batches 1-11 at a long context; the baseline by
-    probes at batches 1 and 8. Its own line holds to batch 8, and the crossover comes out
-    past 8, short of the truth by what the transferred slope beyond 8 misses; probed at
-    batch 1 alone, its slope is EAGLE-3's through the transfer and the crossover comes
-    out below half the truth."""
-    truth = SEED_30K
-    once, twice = OnlineCostModel(prior_weight=4.0), OnlineCostModel(prior_weight=4.0)
-    for m, batches in ((once, (1.0,)), (twice, (1.0, 8.0))):
-        for b in batches:
-            m.observe("baseline", b, truth["baseline"].ms(b), 0.0, PROBE_WEIGHT, probe=True,
-                      context=30000.0)
-        t = feed(m, truth, "eagle", range(1, 12), 0.0)
-    true_crossover = (2 * 20.0 - 30.6) / (6.76 - 2 * 2.97)
-    one = once.model(t).crossover(2.0)
-    two = twice.model(t).crossover(2.0)
-    assert one is not None and one < true_crossover / 2
-    assert two is not None and 8.0 < two < true_crossover
-    baseline = twice.model(t).baseline
-    assert baseline.ms(8.0) == pytest.approx(truth["baseline"].ms(8.0), rel=0.01)
-    shown = twice.learned(t)["baseline"].as_dict()
-    assert shown["reach"] == 8.0
-    # beyond the readings the slope is the transferred one, as without the second batch
-    assert baseline.ms(20.0) - baseline.ms(8.0) == pytest.approx(12 * shown["b_beyond"], rel=1e-3)
-    assert shown["b_beyond"] < truth["baseline"].b
-
-
-def test_a_baseline_probed_at_two_batches_at_a_short_context_keeps_the_transfer() -> None:
-    """Up to 2k tokens the transfer's slope is the measured tables' own (section 5b), so
-    readings at batches 1 and 8 at 512 tokens move the transferred line, not replace it."""
-    m = OnlineCostModel(prior_weight=4.0)
-    for b in (1.0, 8.0):
-        m.observe("baseline", b, SEED["baseline"].ms(b), 0.0, PROBE_WEIGHT, probe=True,
-                  context=512.0)
-    t = feed(m, SEED, "eagle", range(1, 12), 0.0)
-    assert isinstance(m.model(t).baseline, PolyCurve)
-    assert "reach" not in m.learned(t)["baseline"].as_dict()
 
 
 def test_a_one_token_eagle_answer_ran_no_verify_step() -> None:
