@@ -9,6 +9,9 @@ step's tokens as one chunk, as SGLang does.
 
 Steps are booked at absolute deadlines on the SharedGpu; a late event loop makes the next
 sleep shorter rather than pushing every later step back, so the simulated clock keeps pace.
+A request's prefill never starts before the request arrived, so a catch-up never serves a
+request faster than the GPU could have: its TTFT and end-to-end latency stay at or above
+the physical minimum, as a probe or a benchmark reading them assumes.
 """
 
 from __future__ import annotations
@@ -447,7 +450,9 @@ class Engine:
             self._admit()
             if self.prefilling:
                 chunk, sim_ms = self._plan_prefill()
-                _, end = self.gpu.reserve(earliest, sim_ms)
+                # a catch-up books steps in the past, but none before its requests arrived
+                arrived = max((req.arrival_real for req, _ in chunk), default=earliest)
+                _, end = self.gpu.reserve(max(earliest, arrived), sim_ms)
                 await self._sleep_until(end)
                 self._apply_prefill(chunk, end)
                 self.counters.prefill_steps += 1

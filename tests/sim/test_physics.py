@@ -152,3 +152,37 @@ def test_clock_catches_up_after_the_event_loop_was_blocked() -> None:
 
     elapsed, busy = asyncio.run(run())
     assert busy == pytest.approx(elapsed, abs=0.02)
+
+
+def test_a_catch_up_never_serves_a_request_before_it_arrived() -> None:
+    """After the event loop was blocked, the engine books the steps it owes in the past; a
+    request that arrives right then still gets its prefill no earlier than its arrival, so
+    its first token comes at least one prefill after it (never a latency under the GPU's)."""
+    import time
+
+    from specrouter.sim import physics
+    from specrouter.sim.engine import Engine, SimRequest
+    from specrouter.sim.gpu import SharedGpu, SimClock
+    from specrouter.sim.text import WordStream
+
+    async def run() -> tuple[float, float, float]:
+        profile = load_profile("h200-llama3-8b")
+        gpu = SharedGpu(SimClock(1.0))
+        engine = Engine("t", "baseline", profile, gpu, 7, profile.baseline)
+        engine.start()
+        engine.submit(SimRequest("busy", 16, 10**6, 10**6, WordStream(random.Random(1)),
+                                 gpu.clock.real()))
+        await asyncio.sleep(0.05)
+        time.sleep(0.2)  # the loop is blocked: the engine falls 0.2 s behind
+        late = SimRequest("late", 2000, 4, 4, WordStream(random.Random(2)), gpu.clock.real())
+        engine.submit(late)
+        while late.first_token_real is None:
+            late.event.clear()
+            await late.event.wait()
+        await engine.stop()
+        assert late.first_token_real is not None
+        return late.arrival_real, late.first_token_real, physics.prefill_ms(profile, 2000,
+                                                                            False)
+
+    arrival, first, prefill_ms = asyncio.run(run())
+    assert first - arrival >= prefill_ms / 1000.0 - 1e-9
