@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from specrouter.sim import physics
-from specrouter.sim.profile import ProfileError, load_profile, load_step_table
+from specrouter.sim.engine import Engine, SimRequest
+from specrouter.sim.gpu import SharedGpu, SimClock
+from specrouter.sim.profile import Profile, ProfileError, load_profile, load_step_table
 from specrouter.sim.sweep import SweepPoint, closed_loop
+from specrouter.sim.text import WordStream
 from tests.fixtures.procs import CALIBRATION_DIR
 
 CALIBRATION = Path(CALIBRATION_DIR)
@@ -124,28 +128,31 @@ def test_seed_coding_table_is_its_documented_formula() -> None:
     assert TABLE.read_text() == render()
 
 
+def _busy_engine() -> tuple[Profile, Engine]:
+    """A baseline engine at time scale 1 (inside a running loop), decoding one endless
+    request."""
+    profile = load_profile("h200-llama3-8b")
+    gpu = SharedGpu(SimClock(1.0))
+    engine = Engine("t", "baseline", profile, gpu, 7, profile.baseline)
+    engine.start()
+    engine.submit(SimRequest("busy", 16, 10**6, 10**6, WordStream(random.Random(1)),
+                             gpu.clock.real()))
+    return profile, engine
+
+
 def test_clock_catches_up_after_the_event_loop_was_blocked() -> None:
     """Steps are booked at absolute deadlines: a loop blocked for 60 ms makes the next sleeps
     shorter, so the simulated GPU time still matches the real time elapsed."""
-    import time
-
-    from specrouter.sim.engine import Engine, SimRequest
-    from specrouter.sim.gpu import SharedGpu, SimClock
-    from specrouter.sim.text import WordStream
 
     async def run() -> tuple[float, float]:
-        profile = load_profile("h200-llama3-8b")
-        gpu = SharedGpu(SimClock(1.0))
-        engine = Engine("t", "baseline", profile, gpu, 7, profile.baseline)
-        engine.start()
-        engine.submit(SimRequest("r", 16, 10**6, 10**6, WordStream(random.Random(1)),
-                                 gpu.clock.real()))
+        _, engine = _busy_engine()
+        clock = engine.clock
         await asyncio.sleep(0.05)
-        start_real, start_busy = gpu.clock.real(), engine.counters.busy_sim_s
+        start_real, start_busy = clock.real(), engine.counters.busy_sim_s
         for _ in range(3):
             time.sleep(0.06)  # the loop is blocked: no step can start
             await asyncio.sleep(0.1)
-        elapsed = gpu.clock.real() - start_real
+        elapsed = clock.real() - start_real
         busy = engine.counters.busy_sim_s - start_busy
         await engine.stop()
         return elapsed, busy
@@ -158,29 +165,18 @@ def test_a_catch_up_never_serves_a_request_before_it_arrived() -> None:
     """After the event loop was blocked, the engine books the steps it owes in the past; a
     request that arrives right then still gets its prefill no earlier than its arrival, so
     its first token comes at least one prefill after it (never a latency under the GPU's)."""
-    import time
-
-    from specrouter.sim import physics
-    from specrouter.sim.engine import Engine, SimRequest
-    from specrouter.sim.gpu import SharedGpu, SimClock
-    from specrouter.sim.text import WordStream
 
     async def run() -> tuple[float, float, float]:
-        profile = load_profile("h200-llama3-8b")
-        gpu = SharedGpu(SimClock(1.0))
-        engine = Engine("t", "baseline", profile, gpu, 7, profile.baseline)
-        engine.start()
-        engine.submit(SimRequest("busy", 16, 10**6, 10**6, WordStream(random.Random(1)),
-                                 gpu.clock.real()))
+        profile, engine = _busy_engine()
         await asyncio.sleep(0.05)
         time.sleep(0.2)  # the loop is blocked: the engine falls 0.2 s behind
-        late = SimRequest("late", 2000, 4, 4, WordStream(random.Random(2)), gpu.clock.real())
+        late = SimRequest("late", 2000, 4, 4, WordStream(random.Random(2)),
+                          engine.clock.real())
         engine.submit(late)
         while late.first_token_real is None:
             late.event.clear()
             await late.event.wait()
         await engine.stop()
-        assert late.first_token_real is not None
         return late.arrival_real, late.first_token_real, physics.prefill_ms(profile, 2000,
                                                                             False)
 
