@@ -26,7 +26,8 @@ from loadtest import hostcpu, plots, report
 from loadtest.metrics import write_json
 from loadtest.scenarios import agentic, connect_burst, openloop, overhead, peer, sweep, trace
 
-SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "agentic", "overhead",
+SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "agentic", "agentic-stream",
+             "overhead",
              "overhead-eagle", "overhead-pools", "peer", "connect-burst")
 
 # Per-profile simulator time scale of the sweep: h200-llama3-8b relays ~5,000 chunks/s at
@@ -113,8 +114,13 @@ def openloop_settings(args: argparse.Namespace, out: Path) -> openloop.OpenLoopS
     return openloop.quick(s) if args.quick else s
 
 
-def agentic_settings(args: argparse.Namespace, out: Path) -> agentic.AgenticSettings:
-    s = agentic.AgenticSettings(out_dir=str(out))
+def agentic_settings(args: argparse.Namespace, out: Path,
+                     stream: bool = False) -> agentic.AgenticSettings:
+    """The agentic scenario's settings; `stream`: sessions arriving for minutes
+    (`agentic.stream`), its files in a folder of their own."""
+    s = agentic.AgenticSettings(out_dir=str(out / "agentic-stream" if stream else out))
+    if stream:
+        s = agentic.stream(s)
     return agentic.quick(s) if args.quick else s
 
 
@@ -163,6 +169,8 @@ def run_all(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         ("openloop", "openloop",
          lambda: openloop.run_openloop(openloop_settings(args, out), log)),
         ("agentic", "agentic", lambda: agentic.run_agentic(agentic_settings(args, out), log)),
+        ("agentic-stream", "agentic-stream",
+         lambda: agentic.run_agentic(agentic_settings(args, out, stream=True), log)),
         ("overhead", "overhead",
          lambda: {"scenario": "overhead", **overhead.measure(overhead_settings(args, out))}),
         ("overhead-eagle", "overhead-eagle",
@@ -216,7 +224,8 @@ def load_results(folder: Path) -> dict[str, Any]:
     """The scenario results a previous run wrote (same keys as `run_all`)."""
     results: dict[str, Any] = {}
     keys = ["sweep", *(f"trace:{spec['trace']}" for spec in TRACES.values()), "openloop",
-            "agentic", "overhead", "overhead-eagle", "overhead-pools", "peer", "connect-burst"]
+            "agentic", "agentic-stream", "overhead", "overhead-eagle", "overhead-pools", "peer",
+            "connect-burst"]
     for key in keys:
         path = folder / f"{key.replace(':', '-')}.json"
         if path.is_file():
@@ -233,9 +242,10 @@ def make_plots(results: dict[str, Any], img_dir: Path, report_dir: Path) -> dict
     for profile, data in results.get("openloop", {}).get("profiles", {}).items():
         path = plots.openloop_plot(profile, data, img_dir / f"openloop-{profile}.png")
         images[f"openloop:{profile}"] = str(path.relative_to(report_dir))
-    for profile, levels in results.get("agentic", {}).get("profiles", {}).items():
-        path = plots.agentic_plot(profile, levels, img_dir / f"agentic-{profile}.png")
-        images[f"agentic:{profile}"] = str(path.relative_to(report_dir))
+    for key in ("agentic", "agentic-stream"):
+        for profile, levels in results.get(key, {}).get("profiles", {}).items():
+            path = plots.agentic_plot(profile, levels, img_dir / f"{key}-{profile}.png")
+            images[f"{key}:{profile}"] = str(path.relative_to(report_dir))
     for key, value in results.items():
         if key.startswith("trace:"):
             path = plots.trace_plot(value, img_dir / f"trace-{key.split(':', 1)[1]}.png")

@@ -635,11 +635,36 @@ def _agentic_check(name: str, check: dict[str, Any]) -> str:
     return f"{name} {text}: {_check(check.get('met'), 'below target')}"
 
 
-def agentic_section(result: dict[str, Any],
-                    images: dict[str, str]) -> tuple[list[str], list[str]]:
-    """The agentic multi-turn trace: one table per profile and rate, then the checks."""
+#: The agentic scenario's results the report shows (bench result keys), in order, with
+#: their headings and what sets each apart.
+AGENTIC_SECTIONS: dict[str, tuple[str, str]] = {
+    "agentic": ("Agentic multi-turn sessions", ""),
+    "agentic-stream": (
+        "Agentic sessions as a stream",
+        "The sessions above arrive for minutes here, not for 30 simulated s: the live "
+        "sessions reach their steady state, where the section above, its arrivals over "
+        "after 30 s, lets the caches hold what a stream at the same rate outgrows. Per "
+        "profile a rate every pool sustains with its caches holding the sessions, and one "
+        "past the knee where they outgrow the smaller caches (docs/policy.md section 9, "
+        "\"Sustained sessions\")."),
+}
+
+
+def _arrival_windows(s: dict[str, Any], profiles: list[str]) -> str:
+    """Over how many simulated seconds sessions arrive, per profile where they differ."""
+    windows = {p: (s.get("profile_window_s") or {}).get(p, s["window_s"]) for p in profiles}
+    if len(set(windows.values())) <= 1:
+        return f"{next(iter(windows.values()), s['window_s']):g} simulated s"
+    return ", ".join(f"{w:g} simulated s ({p})" for p, w in windows.items())
+
+
+def agentic_section(result: dict[str, Any], images: dict[str, str],
+                    section: str = "agentic") -> tuple[list[str], list[str]]:
+    """The agentic multi-turn trace (`section`, one of `AGENTIC_SECTIONS`): one table per
+    profile and rate, then the checks."""
     s, shape = result["settings"], result["shape"]
-    lines = ["## Agentic multi-turn sessions", "",
+    heading, lead = AGENTIC_SECTIONS[section]
+    lines = [f"## {heading}", "", *([lead, ""] if lead else []),
              f"Sessions (`loadtest/agentic.py`): a shared system prompt with tool definitions "
              f"of {shape['system_tokens']} tokens, a repository context of "
              f"{shape['repo_tokens_min']}-{shape['repo_tokens_max']} tokens per session, "
@@ -650,8 +675,9 @@ def agentic_section(result: dict[str, Any],
              f"lognormal (median {shape['output_median']:g}, sigma {shape['output_sigma']:g}, "
              f"{shape['output_min']}-{shape['output_max']} tokens, ignore_eos); think time "
              f"lognormal (median {shape['think_median_s']:g} s) between an answer and the "
-             f"next turn. Sessions arrive as a Poisson process over {s['window_s']:g} "
-             f"simulated s (open loop); each is closed loop inside. Two GPU groups; every "
+             f"next turn. Sessions arrive as a Poisson process over "
+             f"{_arrival_windows(s, list(result['profiles']))} (open loop); each is closed "
+             f"loop inside. Two GPU groups; every "
              f"config plays the same sessions, its rates lightest first on one set of "
              f"processes with every engine's prefix cache flushed between rates. Session "
              f"moves: turns sent to another server than the session's previous turn (from "
@@ -672,8 +698,9 @@ def agentic_section(result: dict[str, Any],
     for profile, levels in result["profiles"].items():
         scale = s["profile_time_scales"].get(profile, s["time_scale"])
         lines += [f"### {profile} (simulator time scale {scale:g})", ""]
-        if f"agentic:{profile}" in images:
-            lines += [f"![agentic {profile}]({images[f'agentic:{profile}']})", ""]
+        image = images.get(f"{section}:{profile}")
+        if image:
+            lines += [f"![{section} {profile}]({image})", ""]
         for lv in levels:
             lines += [f"Session arrival rate {lv['rate']:g}/s:", "",
                       "| config | goodput tok/s | output tok/s | turns in SLO | cached share "
@@ -725,11 +752,11 @@ def agentic_section(result: dict[str, Any],
                 if verdict[key].get("met") is False:
                     why = ("; out of reach, see below" if ceiling and key == "vs_best_static"
                            else "; why: see below" if behind and key == "vs_adaptive" else "")
-                    misses.append(f"agentic {profile} {lv['rate']:g}/s: router goodput "
+                    misses.append(f"{section} {profile} {lv['rate']:g}/s: router goodput "
                                   f"{_f(verdict[key]['ratio'], 2)}x the {label} "
                                   f"(target {verdict[key]['target']:g}x{why})")
             if cache.get("met") is False:
-                misses.append(f"agentic {profile} {lv['rate']:g}/s: cached share "
+                misses.append(f"{section} {profile} {lv['rate']:g}/s: cached share "
                               f"{_f(cache['gap_points'])} points below never-moving")
     return lines, misses
 
@@ -762,10 +789,11 @@ def render(results: dict[str, Any], images: dict[str, str], commands: list[str],
         part, miss = openloop_section(results["openloop"], images)
         body += part
         misses += miss
-    if "agentic" in results:
-        part, miss = agentic_section(results["agentic"], images)
-        body += part
-        misses += miss
+    for section in AGENTIC_SECTIONS:
+        if section in results:
+            part, miss = agentic_section(results[section], images, section)
+            body += part
+            misses += miss
     if "overhead" in results or "peer" in results:
         part, miss = overhead_section(results.get("overhead"), results.get("peer"),
                                       results.get("overhead-eagle"),

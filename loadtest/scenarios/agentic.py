@@ -101,6 +101,7 @@ class AgenticSettings:
     profile_rates: dict[str, list[float]] = field(default_factory=lambda: {
         "seed-coding": [0.25, 0.5, 1.0], "h200-llama3-8b": [0.5, 1.0, 2.0]})
     window_s: float = 30.0  # sessions arrive within this many simulated seconds
+    profile_window_s: dict[str, float] = field(default_factory=dict)  # per profile
     # no turn starts later than this many simulated seconds after the window (a light
     # load's sessions end well within it; an overloaded run stops sending instead of
     # draining for minutes)
@@ -132,6 +133,9 @@ class AgenticSettings:
 
     def rates_of(self, profile: str) -> list[float]:
         return self.profile_rates.get(profile) or [0.5]
+
+    def window_of(self, profile: str) -> float:
+        return self.profile_window_s.get(profile, self.window_s)
 
     def drain_of(self, profile: str) -> float:
         return self.profile_drain_s.get(profile, self.drain_s)
@@ -310,7 +314,7 @@ def router_strategy_env(config: str, profile: str, scale: float, s: AgenticSetti
     if config != "router-goodput":
         return {**router_time_env(scale),
                 "SPECROUTER_POLICY": json.dumps(scaled_policy({}, scale))}
-    ctx = s.cost_model_ctx or mean_context_tokens(shape, s.seed, s.window_s)
+    ctx = s.cost_model_ctx or mean_context_tokens(shape, s.seed, s.window_of(profile))
     return {**router_env({}, "router-goodput", scale, profile),
             **router_cost_model_env(profile, ctx)}
 
@@ -368,14 +372,15 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
             else:
                 raise ValueError(f"unknown agentic config {config!r}")
         model = served_model(engine_urls[0])
+        window = s.window_of(profile)
         for n, rate in enumerate(s.rates_of(profile)):
-            sessions = make_sessions(shape, s.seed, rate, s.window_s, first_index=n * 10_000)
+            sessions = make_sessions(shape, s.seed, rate, window, first_index=n * 10_000)
             if n:
                 for engine_url in engine_urls:
                     flush_cache(engine_url)
             before = _engine_counters(engine_urls)
             player = Player(targets, model, system_prompt(shape, s.seed), scale,
-                            session_header=SESSION_HEADER, stop_s=s.window_s + s.drain_of(profile))
+                            session_header=SESSION_HEADER, stop_s=window + s.drain_of(profile))
             watch = CpuWatch(pids)
             started = time.perf_counter()
 
@@ -468,11 +473,24 @@ SLO_NOTE = (
     "looser limits.")
 
 
+def stream(s: AgenticSettings) -> AgenticSettings:
+    """`s` as a stream of sessions: they keep arriving for minutes, so the live sessions
+    reach their steady state, where the burst of the default levels (30 s of arrivals,
+    then none) lets the caches hold what a stream at the same rate outgrows. Per profile
+    the rate its pools sustain with every cache holding its sessions, and one past the
+    knee where the live sessions outgrow the smaller caches (docs/policy.md section 9,
+    "Sustained sessions"); the configs that decide the pool choice's verdicts."""
+    s.profile_rates = {"seed-coding": [0.2, 0.3], "h200-llama3-8b": [0.5, 1.0]}
+    s.profile_window_s = {"seed-coding": 180.0, "h200-llama3-8b": 120.0}
+    s.configs = ["eagle", "baseline", "router", "sglang-cache_aware", "adaptive"]
+    return s
+
+
 def quick(s: AgenticSettings) -> AgenticSettings:
     """About a minute: one profile, one rate past the static pools' comfort, half-size
     sessions."""
     s.profiles, s.profile_rates = ["h200-llama3-8b"], {"h200-llama3-8b": [1.5]}
-    s.window_s, s.token_factor = 8.0, 0.5
+    s.window_s, s.profile_window_s, s.token_factor = 8.0, {}, 0.5
     s.profile_time_scales = {"h200-llama3-8b": 0.05}
     return s
 

@@ -21,6 +21,7 @@ from loadtest.agentic import (
 )
 from loadtest.metrics import SLO, RequestResult
 from loadtest.procs import served_model
+from loadtest.scenarios import agentic
 from loadtest.scenarios.agentic import (
     CONTEXT_SAMPLE_RATE,
     AgenticSettings,
@@ -262,3 +263,11 @@ def test_a_repeated_cell_is_its_median_run_and_keeps_every_runs_goodput() -> Non
     assert median_run([runs[1], runs[1]]) == runs[1]  # nothing measured
     # an even count takes the lower middle
     assert median_run([runs[0], runs[2]])["goodput_tok_s"] == 52.0
+
+
+def test_a_stream_sets_each_profiles_arrival_window() -> None:
+    s = agentic.stream(agentic.AgenticSettings())
+    assert s.window_of("seed-coding") == 180.0 and s.window_of("h200-llama3-8b") == 120.0
+    assert s.window_of("another-profile") == s.window_s == 30.0
+    # the quick version keeps its own short window for every profile
+    assert agentic.quick(s).window_of("h200-llama3-8b") == 8.0

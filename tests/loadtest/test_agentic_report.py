@@ -67,3 +67,23 @@ def test_the_slo_router_gets_a_line_of_its_own_and_no_miss() -> None:
     (line,) = [x for x in lines if x.startswith("- router-slo")]
     assert "1.31x the best static pool" in line and "cached share gap" in line
     assert with_slo == misses  # the targets judge `router` alone
+
+
+def test_the_stream_renders_as_its_own_section_with_its_own_plot(tmp_path: Path) -> None:
+    burst = json.loads(RECORDED.read_text(encoding="utf-8"))
+    stream = json.loads(RECORDED.read_text(encoding="utf-8"))
+    stream["settings"]["profile_window_s"] = {"h200-llama3-8b": 120.0}
+    results = {"agentic": burst, "agentic-stream": stream}
+    images = bench.make_plots(results, tmp_path / "img", tmp_path)
+    assert set(images) == {"agentic:h200-llama3-8b", "agentic-stream:h200-llama3-8b"}
+    text = report.render(results, images, ["pytest"], "test run", "now", 1.0)
+    burst_part, stream_part = text.split("## Agentic sessions as a stream")
+    assert "## Agentic multi-turn sessions" in burst_part
+    assert "over 8 simulated s (open loop)" in burst_part  # the recorded quick run's window
+    assert "over 120 simulated s (open loop)" in stream_part
+    assert "![agentic-stream h200-llama3-8b](img/agentic-stream-h200-llama3-8b.png)" in text
+    # each miss names the section it comes from
+    _, burst_misses = report.agentic_section(burst, {})
+    _, stream_misses = report.agentic_section(stream, {}, "agentic-stream")
+    assert burst_misses and all(m.startswith("agentic h200") for m in burst_misses)
+    assert [m.replace("agentic-stream ", "agentic ", 1) for m in stream_misses] == burst_misses
