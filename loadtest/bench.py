@@ -1,9 +1,10 @@
 """`python -m loadtest.bench --report docs/benchmarks.md [--quick]`: every scenario, then
 the Markdown report and its plots (in an `img/` folder next to the report).
 
-The full run takes about 70 minutes on 2 cores (69.5 on 2026-12-04: sweep 10, open loop
+The full run takes about 85 minutes on 2 cores (69.5 on 2026-12-04: sweep 10, open loop
 25.5 at 100 requests per rate, agentic 18, the two traces 11.5, overhead and peer 4.5;
-peer alone took 5.2 on 2026-12-06 with two floors, 6.2 with three);
+peer alone took 5.2 on 2026-12-06 with two floors, 6.2 with three; agentic-stream,
+added later, 14.8 on 2026-12-07);
 `--quick` is a smoke version of the same pipeline in under three minutes.
 Raw results (JSON per scenario, CSV per request) go to `--results` (default: a fresh
 temp folder, printed at the end) so the repository only holds the report.

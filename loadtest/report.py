@@ -641,12 +641,12 @@ AGENTIC_SECTIONS: dict[str, tuple[str, str]] = {
     "agentic": ("Agentic multi-turn sessions", ""),
     "agentic-stream": (
         "Agentic sessions as a stream",
-        "The sessions above arrive for minutes here, not for 30 simulated s: the live "
-        "sessions reach their steady state, where the section above, its arrivals over "
-        "after 30 s, lets the caches hold what a stream at the same rate outgrows. Per "
-        "profile a rate every pool sustains with its caches holding the sessions, and one "
-        "past the knee where they outgrow the smaller caches (docs/policy.md section 9, "
-        "\"Sustained sessions\")."),
+        "The sessions of the section above, arriving for minutes instead of 30 "
+        "simulated s, so the live sessions reach their steady state: above, no session "
+        "arrives after the 30th second, and the caches hold rates that a stream outgrows. "
+        "Per profile a rate every pool sustains with its caches holding the sessions, and "
+        "one past the knee where they outgrow the smaller caches (docs/policy.md section "
+        "9, \"Sustained sessions\")."),
 }
 
 
