@@ -94,7 +94,7 @@ async def test_an_answer_to_the_wrong_question_drops_the_connections_and_heals(
         b.acquire("gpu0/base")
         await eventually(lambda: a.cluster_inflight() == {"gpu0/base": 1},
                          what="a's view moving again")
-    assert a.status()["connected"]
+        await eventually(lambda: a.status()["connected"], what="a connected again")
     assert any("unexpected error" in r.getMessage() and "TypeError" in r.getMessage()
                for r in caplog.records)
 
