@@ -28,8 +28,7 @@ from loadtest.metrics import write_json
 from loadtest.scenarios import agentic, connect_burst, openloop, overhead, peer, sweep, trace
 
 SCENARIOS = ("sweep", "trace", "accept-shift", "openloop", "agentic", "agentic-stream",
-             "overhead",
-             "overhead-eagle", "overhead-pools", "peer", "connect-burst")
+             "overhead", "overhead-eagle", "overhead-pools", "peer", "connect-burst")
 
 # Per-profile simulator time scale of the sweep: h200-llama3-8b relays ~5,000 chunks/s at
 # concurrency 64 at time scale 1; at 0.1 that would be 50,000/s, far beyond 2 cores.
@@ -243,7 +242,7 @@ def make_plots(results: dict[str, Any], img_dir: Path, report_dir: Path) -> dict
     for profile, data in results.get("openloop", {}).get("profiles", {}).items():
         path = plots.openloop_plot(profile, data, img_dir / f"openloop-{profile}.png")
         images[f"openloop:{profile}"] = str(path.relative_to(report_dir))
-    for key in ("agentic", "agentic-stream"):
+    for key in report.AGENTIC_SECTIONS:
         for profile, levels in results.get(key, {}).get("profiles", {}).items():
             path = plots.agentic_plot(profile, levels, img_dir / f"{key}-{profile}.png")
             images[f"{key}:{profile}"] = str(path.relative_to(report_dir))
