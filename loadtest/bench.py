@@ -38,6 +38,7 @@ TRACE_TIME_SCALE = 0.5
 # `make bench` within the hour, and the crossover needs only the ordering of the pools)
 CALIBRATE_DURATION_S = 5.0
 ROUTER_CONFIGS = ["eagle", "baseline", "router", "router-goodput"]
+AGENTIC_ROUTER_RUNS = 3
 
 # The phased traces of the report: (scenario name, result key, settings).
 TRACES: dict[str, dict[str, Any]] = {
@@ -117,10 +118,14 @@ def openloop_settings(args: argparse.Namespace, out: Path) -> openloop.OpenLoopS
 def agentic_settings(args: argparse.Namespace, out: Path,
                      stream: bool = False) -> agentic.AgenticSettings:
     """The agentic scenario's settings; `stream`: sessions arriving for minutes
-    (`agentic.stream`), its files in a folder of their own."""
+    (`agentic.stream`), its files in a folder of their own. The burst's `router`, the
+    config its verdicts judge, runs three times and is judged by its median run: its
+    h200 2 sessions/s cell read 657.9-978.8 tok/s over four runs of one commit."""
     s = agentic.AgenticSettings(out_dir=str(out / "agentic-stream" if stream else out))
     if stream:
         s = agentic.stream(s)
+    else:
+        s.config_repeats = {"router": AGENTIC_ROUTER_RUNS}
     return agentic.quick(s) if args.quick else s
 
 

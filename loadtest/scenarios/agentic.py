@@ -130,9 +130,15 @@ class AgenticSettings:
     # cell is judged by its median run; one run cannot separate changes of +-25% at the
     # saturating rates (docs/policy.md section 9)
     repeats: int = 1
+    # per config, more runs than `repeats` (the configs a verdict judges: a router cell
+    # can be bimodal from run to run, where the static pools repeat themselves)
+    config_repeats: dict[str, int] = field(default_factory=dict)
 
     def rates_of(self, profile: str) -> list[float]:
         return self.profile_rates.get(profile) or [0.5]
+
+    def repeats_of(self, config: str) -> int:
+        return max(self.repeats, self.config_repeats.get(config, 1))
 
     def window_of(self, profile: str) -> float:
         return self.profile_window_s.get(profile, self.window_s)
@@ -407,7 +413,7 @@ def run_config(config: str, profile: str, s: AgenticSettings, options: str,
             out.append(level)
             if s.out_dir:
                 Path(s.out_dir).mkdir(parents=True, exist_ok=True)
-                suffix = f"-run{run + 1}" if s.repeats > 1 else ""
+                suffix = f"-run{run + 1}" if s.repeats_of(config) > 1 else ""
                 write_tagged_csv(
                     Path(s.out_dir) / f"agentic-{profile}-{rate:g}-{config}{suffix}.csv",
                     [({"session": t.session, "turn": t.turn,
@@ -436,8 +442,8 @@ def run_agentic(s: AgenticSettings, log: Callable[[str], None] = print) -> dict[
     for profile in s.profiles:
         rates = s.rates_of(profile)
         repeats: dict[str, list[list[dict[str, Any]]]] = {c: [] for c in s.configs}
-        for run in range(s.repeats):
-            for config in s.configs:
+        for run in range(max(s.repeats_of(c) for c in s.configs)):
+            for config in (c for c in s.configs if run < s.repeats_of(c)):
                 try:
                     repeats[config].append(run_config(config, profile, s, options, log, run))
                 except RuntimeError as exc:
@@ -491,6 +497,7 @@ def quick(s: AgenticSettings) -> AgenticSettings:
     sessions."""
     s.profiles, s.profile_rates = ["h200-llama3-8b"], {"h200-llama3-8b": [1.5]}
     s.window_s, s.profile_window_s, s.token_factor = 8.0, {}, 0.5
+    s.config_repeats = {}
     s.profile_time_scales = {"h200-llama3-8b": 0.05}
     return s
 

@@ -271,3 +271,27 @@ def test_a_stream_sets_each_profiles_arrival_window() -> None:
     assert s.window_of("another-profile") == s.window_s == 30.0
     # the quick version keeps its own short window for every profile
     assert agentic.quick(s).window_of("h200-llama3-8b") == 8.0
+
+
+def test_a_config_repeated_more_than_the_others_is_judged_by_its_median_run(
+        monkeypatch: Any) -> None:
+    played: list[tuple[str, int]] = []
+    goodputs = {("router", 0): 900.0, ("router", 1): 650.0, ("router", 2): 950.0}
+
+    def fake_run(config: str, profile: str, s: AgenticSettings, options: str,
+                 log: Callable[[str], None], run: int = 0) -> list[dict[str, Any]]:
+        played.append((config, run))
+        return [{"goodput_tok_s": goodputs.get((config, run), 500.0), "cached_share": 0.8}]
+
+    monkeypatch.setattr(agentic, "run_config", fake_run)
+    monkeypatch.setattr(agentic, "sim_options", lambda: "")
+    s = AgenticSettings(profiles=["h200-llama3-8b"], profile_rates={"h200-llama3-8b": [2.0]},
+                        configs=["eagle", "router"], config_repeats={"router": 3})
+    result = agentic.run_agentic(s, log=lambda _: None)
+    # interleaved: every config once, then the repeated one again
+    assert played == [("eagle", 0), ("router", 0), ("router", 1), ("router", 2)]
+    (level,) = result["profiles"]["h200-llama3-8b"]
+    assert level["configs"]["router"]["goodput_tok_s"] == 900.0
+    assert level["configs"]["router"]["goodput_runs"] == [900.0, 650.0, 950.0]
+    assert "goodput_runs" not in level["configs"]["eagle"]
+    assert s.repeats_of("eagle") == 1 and agentic.quick(s).repeats_of("router") == 1
