@@ -248,8 +248,8 @@ def test_a_burst_still_arriving_at_the_cap_is_expected_to_go_on() -> None:
     # 60 requests 5 ms apart (closed-loop clients opening their connections), as the
     # router saw them once already (so a burst that size is plausible): the first one's
     # wait ends at the 100 ms cap with ~20 seen, below switch_up 30. Taken to go on as long
-    # again, the burst is ~40: nothing goes to EAGLE-3. (At 2 ms apart a loaded host's
-    # scheduling delays thinned the burst the cap saw below what the rule needs.)
+    # again, the burst is ~40: nothing goes to EAGLE-3. The gaps are wide enough that a
+    # loaded host's millisecond scheduling delays do not thin the burst the cap sees.
     def run(use_hint: bool) -> list[str]:
         router, _ = make(ONE_GROUP, window_s=0.025, max_wait_s=0.1, switch_up=30,
                          switch_down=20)
