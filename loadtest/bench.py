@@ -119,8 +119,9 @@ def agentic_settings(args: argparse.Namespace, out: Path,
                      stream: bool = False) -> agentic.AgenticSettings:
     """The agentic scenario's settings; `stream`: sessions arriving for minutes
     (`agentic.stream`), its files in a folder of their own. The burst's `router`, the
-    config its verdicts judge, runs three times and is judged by its median run: its
-    h200 2 sessions/s cell read 657.9-978.8 tok/s over four runs of one commit."""
+    config its verdicts judge, runs `AGENTIC_ROUTER_RUNS` times and is judged by its
+    median run: its cells at saturating rates differ more from run to run than the
+    targets' margins (docs/policy.md section 5b)."""
     s = agentic.AgenticSettings(out_dir=str(out / "agentic-stream" if stream else out))
     if stream:
         s = agentic.stream(s)
