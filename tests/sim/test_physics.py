@@ -177,6 +177,7 @@ def test_a_catch_up_never_serves_a_request_before_it_arrived() -> None:
             late.event.clear()
             await late.event.wait()
         await engine.stop()
+        assert late.first_token_real is not None
         return late.arrival_real, late.first_token_real, physics.prefill_ms(profile, 2000,
                                                                             False)
 
